@@ -1,0 +1,144 @@
+"""Loading checkpoints (bundled names, local directories, LoRA adapters) with errors a user can act on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .modeling import MODEL_TYPES, DiffusionLM
+from .modeling.configuration import ATTENTION_POLICIES
+
+BUNDLED_DIR = Path(__file__).parent / "bundled"
+BUNDLED_MODELS = {"tiny": "tiny", "tiny-d2f": "tiny-d2f"}
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory cannot be loaded; the message says why and what to do."""
+
+
+def resolve_model_path(name_or_path: str | Path) -> Path:
+    """``tiny`` / ``tiny-d2f`` -> the bundled directory; anything else must be a local directory."""
+    name = str(name_or_path)
+    if name in BUNDLED_MODELS:
+        path = BUNDLED_DIR / BUNDLED_MODELS[name]
+        if not (path / "config.json").exists():
+            raise CheckpointError(
+                f"the bundled model {name!r} is not in this installation ({path} is missing); "
+                "reinstall dllm or train it with `dllm train sft --config recipes/tiny-sft.yaml`"
+            )
+        return path
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise CheckpointError(
+            f"model {name!r} is neither a bundled name ({', '.join(BUNDLED_MODELS)}) nor an existing directory; "
+            "dllm loads checkpoints offline from local directories (download them beforehand)"
+        )
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is a file; pass the checkpoint directory that holds config.json")
+    return path
+
+
+def check_checkpoint_dir(path: Path, allow_pickle: bool = False) -> dict:
+    """Validate a checkpoint directory before handing it to transformers; returns its config dict."""
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise CheckpointError(f"{path} has no config.json; is this a model directory?")
+    try:
+        config = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{cfg_file} is not valid JSON ({err})") from None
+    model_type = config.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise CheckpointError(
+            f"{cfg_file} has model_type={model_type!r}; dllm loads: {', '.join(MODEL_TYPES)}"
+        )
+    has_st = (path / "model.safetensors").exists() or (path / "model.safetensors.index.json").exists()
+    has_bin = (path / "pytorch_model.bin").exists() or (path / "pytorch_model.bin.index.json").exists()
+    if not has_st:
+        if has_bin and not allow_pickle:
+            raise CheckpointError(
+                f"{path} holds only pickled PyTorch weights (pytorch_model.bin); dllm loads safetensors by default. "
+                "Convert them, or pass allow_pickle=True if you trust the file"
+            )
+        if not has_bin:
+            raise CheckpointError(f"{path} has a config.json but no weights (model.safetensors or an index)")
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        missing = sorted(s for s in shards if not (path / s).exists())
+        if missing:
+            raise CheckpointError(f"{path}: shards listed in the index are missing: {', '.join(missing)}")
+    return config
+
+
+def load_model(
+    name_or_path: str | Path,
+    *,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    device_map: str | dict | None = None,
+    adapter: str | Path | None = None,
+    merge_adapter: bool = True,
+    attention_policy: str | None = None,
+    block_size: int | None = None,
+    allow_pickle: bool = False,
+) -> DiffusionLM:
+    """Load a dllm model offline.
+
+    ``attention_policy``/``block_size`` override the checkpoint's (a D2F LoRA ships for the
+    unmodified bidirectional base and runs block-causal). ``adapter`` is a PEFT LoRA directory,
+    merged into the weights unless ``merge_adapter=False``.
+    """
+    from transformers import AutoModel
+
+    path = resolve_model_path(name_or_path)
+    check_checkpoint_dir(path, allow_pickle=allow_pickle)
+    kwargs: dict = {"use_safetensors": not allow_pickle or None}
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise CheckpointError(f"dtype={dtype!r}; valid: {', '.join(DTYPES)}")
+        dtype = DTYPES[dtype]
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    if attention_policy is not None:
+        if attention_policy not in ATTENTION_POLICIES:
+            raise CheckpointError(f"attention_policy={attention_policy!r}; valid: {', '.join(ATTENTION_POLICIES)}")
+        kwargs["attention_policy"] = attention_policy
+    if block_size is not None:
+        kwargs["block_size"] = block_size
+    model = AutoModel.from_pretrained(str(path), **kwargs)
+    if adapter is not None:
+        model = attach_adapter(model, adapter, merge=merge_adapter)
+    if device is not None and device_map is None:
+        model = model.to(device)
+    return model.eval()
+
+
+def attach_adapter(model: DiffusionLM, adapter: str | Path, merge: bool = True):
+    """Load a PEFT LoRA adapter on ``model``; merged into the base weights by default."""
+    from peft import PeftModel
+
+    adapter = Path(adapter)
+    if not (adapter / "adapter_config.json").exists():
+        raise CheckpointError(f"{adapter} is not a PEFT adapter directory (no adapter_config.json)")
+    peft_model = PeftModel.from_pretrained(model, str(adapter))
+    return peft_model.merge_and_unload() if merge else peft_model
+
+
+def require_mask_token(model: DiffusionLM, tokenizer=None) -> int:
+    """The mask id from the config, else the tokenizer; a clear error naming the fix otherwise."""
+    mask_id = getattr(model.config, "mask_token_id", None)
+    if mask_id is None and tokenizer is not None:
+        mask_id = getattr(tokenizer, "mask_token_id", None)
+    if mask_id is None:
+        raise CheckpointError(
+            "this checkpoint defines no mask token: set \"mask_token_id\" in its config.json "
+            "(LLaDA: 126336, Dream: 151666) or give the tokenizer a mask_token"
+        )
+    return int(mask_id)

@@ -1,0 +1,108 @@
+"""Preallocated KV cache for diffusion decoding.
+
+One cache covers one canvas (prompt slots + generation slots, left padding included). Keys are
+cached **after RoPE**: a canvas slot keeps its absolute position for the whole generation, so the
+rotated key never changes meaning and nothing is re-rotated per step (the Fast-dLLM reference
+caches pre-RoPE keys and rotates the whole key tensor on every call).
+
+Every cached forward writes the K/V of its input slots ``[start, start + q)`` into the buffers and
+then attends over keys ``[0, key_end)``. The decoders use three shapes of that one operation:
+
+* ``prefix``  (Fast-dLLM prefix cache, D2F exact block cache): ``key_end = start + q``. Slots at or
+  after ``start`` are scratch until ``commit`` moves ``length`` over them (D2F appends finished
+  blocks this way: exact under a block-causal mask).
+* ``replace`` (Fast-dLLM dual cache): ``key_end = length`` (the whole canvas); the fresh K/V of the
+  span overwrite the stale ones in place and stay there for later steps.
+* ``fill``: a full forward from slot 0 that (re)computes every slot; afterwards ``length`` = q.
+
+No step concatenates tensors: buffers are allocated once with the canvas capacity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+CACHE_MODES = ("fill", "prefix", "replace")
+
+
+@dataclass
+class DiffusionKVCache:
+    keys: list[torch.Tensor]  # per layer [batch, kv_heads, capacity, head_dim]
+    values: list[torch.Tensor]
+    key_valid: torch.Tensor  # [batch, capacity] bool: False on left padding
+    positions: torch.Tensor  # [batch, capacity] long: RoPE position of each slot
+    prompt_length: int  # slots < prompt_length form the prompt block (block-causal masks)
+    length: int = 0  # slots [0, length) hold committed K/V
+    extra: dict = field(default_factory=dict)  # decoder-owned side data (e.g. Dream's stored last logit)
+
+    @classmethod
+    def allocate(
+        cls,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        key_valid: torch.Tensor,
+        prompt_length: int,
+        dtype: torch.dtype,
+        device: torch.device | str | None = None,
+    ) -> "DiffusionKVCache":
+        key_valid = key_valid.to(device=device, dtype=torch.bool)
+        batch, capacity = key_valid.shape
+        shape = (batch, num_kv_heads, capacity, head_dim)
+        keys = [torch.zeros(shape, dtype=dtype, device=key_valid.device) for _ in range(num_layers)]
+        values = [torch.zeros(shape, dtype=dtype, device=key_valid.device) for _ in range(num_layers)]
+        return cls(keys, values, key_valid, positions_from_mask(key_valid), prompt_length)
+
+    @property
+    def capacity(self) -> int:
+        return self.key_valid.shape[1]
+
+    @property
+    def batch_size(self) -> int:
+        return self.key_valid.shape[0]
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        end = start + k.shape[2]
+        if end > self.capacity:
+            raise ValueError(f"cache write [{start}, {end}) exceeds capacity {self.capacity}")
+        self.keys[layer][:, :, start:end] = k
+        self.values[layer][:, :, start:end] = v
+
+    def view(self, layer: int, key_end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys[layer][:, :, :key_end], self.values[layer][:, :, :key_end]
+
+    def select_rows(self, index: torch.Tensor | list[int]) -> "DiffusionKVCache":
+        """A cache holding only the given batch rows, in that order (finished rows leave; LoPA forks)."""
+        index = torch.as_tensor(index, dtype=torch.long, device=self.key_valid.device)
+        return DiffusionKVCache(
+            keys=[k.index_select(0, index) for k in self.keys],
+            values=[v.index_select(0, index) for v in self.values],
+            key_valid=self.key_valid.index_select(0, index),
+            positions=self.positions.index_select(0, index),
+            prompt_length=self.prompt_length,
+            length=self.length,
+            extra={name: t.index_select(0, index) if torch.is_tensor(t) else t for name, t in self.extra.items()},
+        )
+
+    def clone(self) -> "DiffusionKVCache":
+        return self.select_rows(torch.arange(self.batch_size, device=self.key_valid.device))
+
+    def repeat_rows(self, times: int) -> "DiffusionKVCache":
+        """Each row repeated ``times`` times consecutively (row r -> rows r*times .. r*times+times-1)."""
+        index = torch.arange(self.batch_size, device=self.key_valid.device).repeat_interleave(times)
+        return self.select_rows(index)
+
+    def copy_rows_from(self, other: "DiffusionKVCache", dst: torch.Tensor, src: torch.Tensor, end: int) -> None:
+        """Copy slots ``[0, end)`` of rows ``src`` of ``other`` into rows ``dst`` of this cache."""
+        for layer in range(len(self.keys)):
+            self.keys[layer][dst, :, :end] = other.keys[layer][src, :, :end]
+            self.values[layer][dst, :, :end] = other.values[layer][src, :, :end]
+
+
+def positions_from_mask(key_valid: torch.Tensor) -> torch.Tensor:
+    """RoPE positions for a left-padded canvas: real tokens count from 0, pads get 0."""
+    valid = key_valid.long()
+    return (valid.cumsum(-1) - 1).clamp(min=0) * valid

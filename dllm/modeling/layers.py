@@ -1,0 +1,224 @@
+"""The building blocks of the one transformer core shared by every checkpoint format.
+
+A format differs only in the names of its tensors, so :class:`DecoderLayer` takes a
+:class:`LayerNames` map and registers its submodules under those names: ``save_pretrained`` then
+writes the checkpoint's own tensor names and PEFT adapters target them directly (D2F adapters
+name ``q_proj``/``attn_out`` on LLaDA, ``o_proj`` on Dream). Submodules are looked up by name at
+forward time, so PEFT may swap a projection for its LoRA wrapper.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention_masks import build_attention_mask
+from .configuration import CoreSpec
+from .kv_cache import DiffusionKVCache
+
+
+class RMSNorm(nn.Module):
+    """Normalise in fp32, cast back to the input dtype, then scale (LLaDA and Qwen2 agree on this order)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """NeoX rotate-half RoPE; inverse frequencies and angles in fp32, whatever the model dtype."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.theta = theta
+
+    def inv_freq(self, device: torch.device) -> torch.Tensor:
+        # Recomputed rather than stored as a buffer: a meta-device init or a bf16 cast of the
+        # model must never touch these fp32 frequencies.
+        idx = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device)
+        return 1.0 / (self.theta ** (idx / self.head_dim))
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of shape [batch, 1, seq, head_dim] for integer positions [batch, seq]."""
+        freqs = positions.float()[..., None] * self.inv_freq(positions.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + rotate_half(x) * sin
+
+
+@dataclass(frozen=True)
+class LayerNames:
+    attn_norm: str
+    q: str
+    k: str
+    v: str
+    o: str
+    mlp_norm: str
+    gate: str
+    up: str
+    down: str
+
+
+LLADA_LAYER_NAMES = LayerNames(
+    attn_norm="attn_norm", q="q_proj", k="k_proj", v="v_proj", o="attn_out",
+    mlp_norm="ff_norm", gate="ff_proj", up="up_proj", down="ff_out",
+)
+QWEN2_LAYER_NAMES = LayerNames(
+    attn_norm="input_layernorm", q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj",
+    o="self_attn.o_proj", mlp_norm="post_attention_layernorm", gate="mlp.gate_proj", up="mlp.up_proj",
+    down="mlp.down_proj",
+)
+
+
+def _attach(root: nn.Module, path: str, module: nn.Module) -> None:
+    *parents, leaf = path.split(".")
+    node = root
+    for name in parents:
+        if not hasattr(node, name):
+            node.add_module(name, nn.Module())
+        node = getattr(node, name)
+    node.add_module(leaf, module)
+
+
+def _lookup(root: nn.Module, path: str) -> nn.Module:
+    node = root
+    for name in path.split("."):
+        node = getattr(node, name)
+    return node
+
+
+@dataclass
+class AttentionContext:
+    """Everything a layer needs about where its queries sit and which keys they may see."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    mask: torch.Tensor | None
+    cache: DiffusionKVCache | None = None
+    cache_start: int = 0
+    key_end: int = 0
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x + Attn(RMS(x)); x + SwiGLU(RMS(x))."""
+
+    def __init__(self, spec: CoreSpec, names: LayerNames, layer_idx: int) -> None:
+        super().__init__()
+        self.names = names
+        self.layer_idx = layer_idx
+        self.num_heads = spec.num_heads
+        self.num_kv_heads = spec.num_kv_heads
+        self.head_dim = spec.head_dim
+        d, hd = spec.hidden_size, spec.head_dim
+        _attach(self, names.attn_norm, RMSNorm(d, spec.rms_norm_eps))
+        _attach(self, names.q, nn.Linear(d, spec.num_heads * hd, bias=spec.qkv_bias))
+        _attach(self, names.k, nn.Linear(d, spec.num_kv_heads * hd, bias=spec.qkv_bias))
+        _attach(self, names.v, nn.Linear(d, spec.num_kv_heads * hd, bias=spec.qkv_bias))
+        _attach(self, names.o, nn.Linear(spec.num_heads * hd, d, bias=False))
+        _attach(self, names.mlp_norm, RMSNorm(d, spec.rms_norm_eps))
+        _attach(self, names.gate, nn.Linear(d, spec.intermediate_size, bias=False))
+        _attach(self, names.up, nn.Linear(d, spec.intermediate_size, bias=False))
+        _attach(self, names.down, nn.Linear(spec.intermediate_size, d, bias=False))
+
+    def _m(self, name: str) -> nn.Module:
+        return _lookup(self, getattr(self.names, name))
+
+    def attention(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self._m("q")(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self._m("k")(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self._m("v")(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = apply_rope(q, ctx.cos, ctx.sin)
+        k = apply_rope(k, ctx.cos, ctx.sin)
+        if ctx.cache is not None:
+            ctx.cache.write(self.layer_idx, ctx.cache_start, k, v)
+            k, v = ctx.cache.view(self.layer_idx, ctx.key_end)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=ctx.mask, is_causal=False, enable_gqa=self.num_kv_heads != self.num_heads
+        )
+        out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
+        return self._m("o")(out)
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        x = x + self.attention(self._m("attn_norm")(x), ctx)
+        h = self._m("mlp_norm")(x)
+        return x + self._m("down")(F.silu(self._m("gate")(h)) * self._m("up")(h))
+
+
+def make_context(
+    *,
+    spec: CoreSpec,
+    rope: RotaryEmbedding,
+    dtype: torch.dtype,
+    seq_len: int,
+    device: torch.device,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    prompt_length: int | torch.Tensor | None,
+    cache: DiffusionKVCache | None,
+    cache_start: int,
+    cache_mode: str | None,
+    attention_policy: str | None,
+    block_size: int | None = None,
+) -> AttentionContext:
+    """Resolve positions, the key range and the mask for one forward."""
+    policy = attention_policy or spec.attention_policy
+    block_size = block_size or spec.block_size
+    if policy == "block_causal" and not block_size:
+        raise ValueError("a block-causal forward needs block_size (set it in the config or pass block_size=)")
+    if cache is None:
+        key_valid = attention_mask.bool() if attention_mask is not None else None
+        if position_ids is None:
+            if key_valid is not None:
+                valid = key_valid.long()
+                position_ids = (valid.cumsum(-1) - 1).clamp(min=0) * valid
+            else:
+                position_ids = torch.arange(seq_len, device=device)[None]
+        query_slots = torch.arange(seq_len, device=device)
+        key_end = seq_len
+        start = 0
+    else:
+        if cache_mode not in ("fill", "prefix", "replace"):
+            raise ValueError(f"cache_mode={cache_mode!r}; valid with a cache: fill, prefix, replace")
+        start = 0 if cache_mode == "fill" else cache_start
+        end = start + seq_len
+        if end > cache.capacity:
+            raise ValueError(f"input slots [{start}, {end}) exceed the cache capacity {cache.capacity}")
+        key_valid = cache.key_valid
+        if position_ids is None:
+            position_ids = cache.positions[:, start:end]
+        query_slots = torch.arange(start, end, device=device)
+        key_end = max(cache.length, end) if cache_mode == "replace" else end
+        if prompt_length is None:
+            prompt_length = cache.prompt_length
+    mask = build_attention_mask(
+        query_slots=query_slots,
+        key_end=key_end,
+        key_valid=key_valid,
+        policy=policy,
+        block_size=block_size,
+        prompt_length=prompt_length,
+    )
+    if position_ids.dim() == 1:
+        position_ids = position_ids[None]
+    cos, sin = rope(position_ids, dtype)
+    return AttentionContext(cos=cos, sin=sin, mask=mask, cache=cache, cache_start=start, key_end=key_end)

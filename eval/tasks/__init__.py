@@ -1,0 +1,52 @@
+"""Deterministic, verifiable task suites (SFT data, evaluation, RL rewards).
+
+>>> suite = get_suite("arith")
+>>> ex = suite.examples("test", 1)[0]
+>>> suite.score(ex, ex.answer).correct
+True
+"""
+from __future__ import annotations
+
+from .arith import ArithSuite
+from .base import Example, Score, TaskSuite, count_tokens, split_of_key
+from .countdown import CountdownSuite
+from .gsm import GsmSuite
+from .lists import ListsSuite
+from .sudoku import SudokuSuite
+
+_SUITES: dict[str, type[TaskSuite]] = {
+    "arith": ArithSuite,
+    "gsm": GsmSuite,
+    "lists": ListsSuite,
+    "sudoku": SudokuSuite,
+    "countdown": CountdownSuite,
+}
+
+
+def suite_names() -> list[str]:
+    """Names of all registered suites, in a fixed order."""
+    return list(_SUITES)
+
+
+def get_suite(name: str) -> TaskSuite:
+    """A fresh suite instance by name; ValueError listing the valid names otherwise."""
+    try:
+        return _SUITES[name.strip()]()
+    except (KeyError, AttributeError):
+        raise ValueError(f"unknown suite {name!r}; valid suites: {', '.join(_SUITES)}") from None
+
+
+def resolve_suites(spec: str) -> list[TaskSuite]:
+    """``"all"`` or a comma-separated list of names (duplicates dropped, order kept)."""
+    if spec.strip() == "all":
+        return [cls() for cls in _SUITES.values()]
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    if not names:
+        raise ValueError(f"empty suite spec {spec!r}; use 'all' or a comma list of: {', '.join(_SUITES)}")
+    return [get_suite(n) for n in dict.fromkeys(names)]
+
+
+__all__ = [
+    "ArithSuite", "CountdownSuite", "Example", "GsmSuite", "ListsSuite", "Score", "SudokuSuite",
+    "TaskSuite", "count_tokens", "get_suite", "resolve_suites", "split_of_key", "suite_names",
+]

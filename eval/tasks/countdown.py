@@ -1,0 +1,115 @@
+"""``countdown``: combine 3 numbers (1-20), each exactly once, with + - * / to hit a target.
+
+Prompt ``numbers 3 5 7 target 22 :``; answer ``3 * 5 + 7``. The reference answer is the first
+solution of a fixed enumeration over the sorted numbers (so it depends only on the problem key);
+its intermediate values are non-negative integers and its divisions are exact.
+
+Scoring (d1-style): 1.0 if the expression uses exactly the given numbers (as a multiset) and
+equals the target; 0.1 if it is a well-formed expression that fails (wrong value, wrong numbers,
+inexact division); 0.0 if no well-formed expression can be read. ``correct`` iff reward == 1.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+import re
+from collections import Counter
+from functools import lru_cache
+
+from .base import Example, Problem, Score, TaskSuite
+from .expression import ExpressionSyntaxError, ExpressionValueError, parse_expression
+
+N_NUMBERS, MIN_NUMBER, MAX_NUMBER = 3, 1, 20
+MIN_TARGET, MAX_TARGET = 1, 100
+OPS = "+-*/"
+_PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
+_EXPR_PREFIX_RE = re.compile(r"[0-9+\-*/()\s]*")
+
+
+def _apply(a: int, op: str, b: int) -> int | None:
+    """Exact, non-negative result or None (Countdown rules for generated answers)."""
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b if a >= b else None
+    if op == "*":
+        return a * b
+    return a // b if b and a % b == 0 else None
+
+
+def _render_left(a: int, o1: str, b: int, o2: str, c: int) -> str:
+    """``(a o1 b) o2 c`` with the parentheses only where precedence needs them."""
+    inner = f"{a} {o1} {b}"
+    return f"( {inner} ) {o2} {c}" if _PREC[o1] < _PREC[o2] else f"{inner} {o2} {c}"
+
+
+def _render_right(a: int, o1: str, b: int, o2: str, c: int) -> str:
+    """``a o1 (b o2 c)`` with the parentheses only where precedence/associativity need them."""
+    inner = f"{b} {o2} {c}"
+    needs = _PREC[o2] < _PREC[o1] or (_PREC[o2] == _PREC[o1] and o1 in "-/")
+    return f"{a} {o1} ( {inner} )" if needs else f"{a} {o1} {inner}"
+
+
+@lru_cache(maxsize=4096)
+def solutions(numbers: tuple[int, ...]) -> dict[int, str]:
+    """target -> canonical (first) expression, for a sorted tuple of 3 numbers.
+
+    Order: permutations of the sorted numbers, then shape ``(a o b) o c`` before ``a o (b o c)``,
+    then operators in the order ``+ - * /``.
+    """
+    table: dict[int, str] = {}
+    for a, b, c in dict.fromkeys(itertools.permutations(numbers)):
+        for o1, o2 in itertools.product(OPS, repeat=2):
+            v1 = _apply(a, o1, b)
+            v = None if v1 is None else _apply(v1, o2, c)
+            if v is not None and v not in table:
+                table[v] = _render_left(a, o1, b, o2, c)
+            w1 = _apply(b, o2, c)
+            w = None if w1 is None else _apply(a, o1, w1)
+            if w is not None and w not in table:
+                table[w] = _render_right(a, o1, b, o2, c)
+    return table
+
+
+def extract_expression(completion: str) -> str:
+    """First non-empty line, cut at ``=`` (drops ``= target``), then its longest prefix made
+    only of digits, operators, parentheses and spaces (so trailing junk words are ignored)."""
+    lines = [ln for ln in completion.strip().splitlines() if ln.strip()]
+    line = lines[0].split("=", 1)[0] if lines else ""
+    return _EXPR_PREFIX_RE.match(line).group().strip()
+
+
+class CountdownSuite(TaskSuite):
+    """3-number Countdown with targets in [1, 100]."""
+
+    name = "countdown"
+    max_prompt_tokens = 12  # "numbers" + 6 digits + "target" + 3 digits + ":"
+    max_answer_tokens = 10  # 6 digits + 2 operators + 2 parentheses
+
+    def _draw(self, rng: random.Random) -> Problem:
+        while True:
+            numbers = [rng.randint(MIN_NUMBER, MAX_NUMBER) for _ in range(N_NUMBERS)]
+            table = solutions(tuple(sorted(numbers)))
+            targets = sorted(t for t in table if MIN_TARGET <= t <= MAX_TARGET)
+            if targets:
+                break
+        target = rng.choice(targets)
+        answer = table[target]
+        key = " ".join(map(str, sorted(numbers))) + f"={target}"
+        prompt = f"numbers {' '.join(map(str, numbers))} target {target} :"
+        return Problem(key, prompt, answer, {"numbers": numbers, "target": target})
+
+    def score(self, example: Example, completion: str) -> Score:
+        """d1-style 1.0 / 0.1 / 0.0 reward (see module docstring)."""
+        numbers, target = example.meta["numbers"], example.meta["target"]
+        text = extract_expression(completion)
+        try:
+            parsed = parse_expression(text)  # syntax is checked in full before evaluation
+        except ExpressionSyntaxError as e:
+            return Score(False, 0.0, {"expression": text, "error": str(e)})
+        except ExpressionValueError as e:
+            return Score(False, 0.1, {"expression": text, "error": str(e)})
+        uses = Counter(parsed.numbers) == Counter(numbers)
+        ok = uses and parsed.value == target
+        details = {"expression": text, "value": parsed.value, "uses_numbers": uses}
+        return Score(ok, 1.0 if ok else 0.1, details)
