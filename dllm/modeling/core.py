@@ -24,6 +24,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
+from ..generation.mixin import DiffusionGenerationMixin
 from .configuration import CoreSpec, DreamConfig, LLaDAConfig
 from .kv_cache import DiffusionKVCache
 from .layers import (
@@ -42,7 +43,7 @@ class DiffusionLMOutput(ModelOutput):
     last_hidden_state: torch.Tensor | None = None
 
 
-class DiffusionLM(PreTrainedModel):
+class DiffusionLM(DiffusionGenerationMixin, PreTrainedModel):
     """Shared forward of every dllm format. Subclasses only lay out the modules under their names."""
 
     base_model_prefix = "model"

@@ -54,7 +54,7 @@ class Example:
     suite: str
     prompt: str
     answer: str
-    meta: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)  # always holds "key", the canonical problem key
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class TaskSuite(ABC):
         prefix = f"{self.name}-{split}-" + ("" if seed == 0 else f"s{seed}-")
         out: list[Example] = []
         seen: set[str] = set()
-        budget = 10_000 + 200 * n  # draws; generous for every suite's key space
+        budget = 10_000 + 50 * n  # draws; ample unless n nears the size of the problem space
         while len(out) < n:
             budget -= 1
             if budget < 0:
@@ -117,7 +117,8 @@ class TaskSuite(ABC):
                 continue
             self._check_budget(p)
             seen.add(p.key)
-            out.append(Example(f"{prefix}{len(out):05d}", self.name, p.prompt, p.answer, p.meta))
+            meta = {**p.meta, "key": p.key}
+            out.append(Example(f"{prefix}{len(out):05d}", self.name, p.prompt, p.answer, meta))
         return out
 
     def _check_budget(self, p: Problem) -> None:

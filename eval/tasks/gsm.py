@@ -20,7 +20,7 @@ class Template:
     """A word problem: its text, how to draw its numbers, and its solution steps."""
 
     name: str
-    text: str  # placeholders: {A} {B} {C} names, {N} noun, plus the number fields
+    text: str  # format fields: {A} {B} {C} names, {N} noun, plus the number fields
     draw: Callable[[random.Random], dict[str, int]]
     steps: Callable[[dict[str, int]], list[Step]]
 
@@ -160,10 +160,11 @@ class GsmSuite(TaskSuite):
     """Templated arithmetic word problems; every intermediate value is in [0, 999]."""
 
     name = "gsm"
-    # Bounds checked for every generated example (TaskSuite._check_budget); the longest templates
-    # (times_fewer, box_take) stay near 36 prompt tokens and 3-step answers near 37 tokens.
-    max_prompt_tokens = 40
-    max_answer_tokens = 40
+    # Prompt: every template rendered with each number at its largest digit count; the longest is
+    # box_take (38). Answer: exhaustive enumeration of every template's number ranges gives 37
+    # (times_fewer, days, gets_loses). TaskSuite._check_budget re-checks every generated example.
+    max_prompt_tokens = 38
+    max_answer_tokens = 37
 
     def _draw(self, rng: random.Random) -> Problem:
         t = rng.choice(TEMPLATES)

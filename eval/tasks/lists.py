@@ -56,8 +56,8 @@ class ListsSuite(TaskSuite):
     """Waiting-line list ops; ``ops`` restricts the mix (default: all eight, drawn uniformly)."""
 
     name = "lists"
-    # longest prompt: "replace index 7 with Eve ( counting from 0 ) :" (10) + 8 names = 18
-    max_prompt_tokens = 18
+    # longest prompt: "replace index 7 with Eve ( counting from 0 ) :" (11) + 8 names = 19
+    max_prompt_tokens = 19
     # longest answer: insert into an 8-name list -> 9 names
     max_answer_tokens = MAX_LEN + 1
 

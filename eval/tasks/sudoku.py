@@ -8,7 +8,6 @@ filled correctly, the d1-style Sudoku reward, halved so a partial grid never tie
 """
 from __future__ import annotations
 
-import itertools
 import random
 import re
 from functools import lru_cache

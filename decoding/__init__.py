@@ -1,0 +1,7 @@
+"""How a canvas of masks becomes text: policies, loops, caches, stopping and streaming."""
+
+from .generate import generate
+from .registry import STRATEGIES, StrategyError, get_strategy, strategy_names
+from .state import DiffusionGenerateOutput
+
+__all__ = ["STRATEGIES", "DiffusionGenerateOutput", "StrategyError", "generate", "get_strategy", "strategy_names"]

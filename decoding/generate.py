@@ -1,0 +1,64 @@
+"""``generate``: validate inputs, build the canvas, run the strategy's loop, assemble the output."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from dllm.generation.config import DiffusionGenerationConfig, GenerationConfigError
+from decoding.registry import check_compatible, get_strategy
+from decoding.state import DecodeState, DiffusionGenerateOutput
+
+
+def resolve_special_ids(model, cfg: DiffusionGenerationConfig, tokenizer=None) -> tuple[int, int | None]:
+    from dllm.loading import require_mask_token
+
+    mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else require_mask_token(model, tokenizer)
+    eos_id = cfg.eos_token_id
+    if eos_id is None:
+        eos_id = getattr(model.config, "eos_token_id", None)
+        if isinstance(eos_id, (list, tuple)):
+            eos_id = eos_id[0] if eos_id else None
+    if eos_id is None and tokenizer is not None:
+        eos_id = tokenizer.eos_token_id
+    return int(mask_id), (None if eos_id is None else int(eos_id))
+
+
+def generate(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    cfg: DiffusionGenerationConfig,
+    *,
+    streamer=None,
+    tokenizer=None,
+) -> DiffusionGenerateOutput:
+    if not torch.is_tensor(input_ids) or input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise GenerationConfigError("input_ids must be a non-empty LongTensor of shape [batch, prompt_length]")
+    if attention_mask is not None:
+        if attention_mask.shape != input_ids.shape:
+            raise GenerationConfigError(
+                f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}"
+            )
+        if bool((attention_mask[:, -1] == 0).any()):
+            raise GenerationConfigError("prompts must be left-padded (attention_mask ends with 1 on every row)")
+    strategy = get_strategy(cfg.strategy)
+    check_compatible(strategy, model)
+    mask_id, eos_id = resolve_special_ids(model, cfg, tokenizer)
+    if cfg.stop_strings and tokenizer is None:
+        raise GenerationConfigError("stop_strings need the tokenizer: pass tokenizer= to generate")
+    if bool((input_ids == mask_id).any()):
+        raise GenerationConfigError(f"the prompt contains the mask token id {mask_id}; masks are for the canvas only")
+    device = model.get_input_embeddings().weight.device
+    input_ids = input_ids.to(device)
+    attention_mask = attention_mask.to(device) if attention_mask is not None else None
+    gen = None
+    if cfg.seed is not None:
+        gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    t0 = time.perf_counter()
+    state = DecodeState(input_ids, attention_mask, cfg, mask_id=mask_id, eos_id=eos_id, tokenizer=tokenizer,
+                        streamer=streamer)
+    stats = strategy.load()(model, state, gen)
+    total = time.perf_counter() - t0
+    return state.finish(total_seconds=total, forward_seconds=stats.pop("forward_seconds", 0.0), stats=stats)

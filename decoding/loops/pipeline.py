@@ -1,0 +1,183 @@
+"""Pipelined multi-block decoding: D2F (block-causal, exact cache) and d3LLM (entropy, no cache).
+
+Each row keeps a list of blocks: the prompt (block 0) and generated blocks appended one at a time.
+A block is *semi-activated* (may fill nothing) until its predecessor's decoded ratio reaches
+``decoded_token_threshold`` (tau_act), then *fully activated* (fills at least its best token).
+A new block is appended when the last block's ratio reaches ``block_add_threshold`` (tau_add) and
+no EOS has been committed. One forward per step covers every active block.
+
+D2F (block-causal model): finished blocks are cached in order (a block retires to ``to_cache``
+only when every earlier block is done) and their K/V are appended to the cache by the next forward,
+which computes them from their final tokens: exact, because under the block-causal mask a block's
+K/V depend only on the prefix. The input of every forward starts at the cache end.
+Commit rule: conf > skip_threshold (strict); a fully activated block with no such position fills
+its most confident one.
+
+d3LLM (any model, no cache): same pipeline, full forward over the prompt and the appended blocks;
+commit masked positions with entropy <= entropy_threshold; the lowest-entropy position is always
+committed, and the first fully activated block commits its lowest-entropy position if it got none.
+
+Batches: rows advance independently. The forward covers the union of the rows' windows; slots a
+row has not appended yet are invisible to it (block-causal mask, or key-padding for d3LLM), so a
+row's decisions equal its single-row run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from decoding.policies import select_above, select_best
+from decoding.runner import ModelRunner
+from decoding.sampling import entropy, llada_choice
+from decoding.state import DecodeState
+
+ACTIVE, TO_CACHE, IN_CACHE = "active", "to_cache", "in_cache"
+
+
+@dataclass
+class Block:
+    start: int
+    end: int
+    state: str
+    complete: bool  # fully activated
+
+
+class RowPlan:
+    """Block bookkeeping of one row."""
+
+    def __init__(self, prompt_length: int) -> None:
+        self.blocks = [Block(0, prompt_length, TO_CACHE, True)]
+        self.eos = False
+
+    @property
+    def generated_blocks(self) -> int:
+        return len(self.blocks) - 1
+
+    @property
+    def end(self) -> int:
+        return self.blocks[-1].end
+
+    def cached_end(self) -> int:
+        end = 0
+        for b in self.blocks:
+            if b.state != IN_CACHE:
+                break
+            end = b.end
+        return end
+
+    def feed_start(self) -> int:
+        for b in self.blocks:
+            if b.state != IN_CACHE:
+                return b.start
+        return self.end
+
+    def active(self) -> list[Block]:
+        return [b for b in self.blocks if b.state == ACTIVE]
+
+
+def _ratio(x_row: torch.Tensor, block: Block, mask_id: int, prompt_block: bool) -> float:
+    if prompt_block:
+        return 1.0
+    span = x_row[block.start : block.end]
+    return float((span != mask_id).sum()) / max(1, block.end - block.start)
+
+
+def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> dict:
+    cfg = state.cfg
+    d2f = cfg.strategy == "d2f"
+    B, P = cfg.block_size, state.P
+    max_blocks = cfg.num_blocks
+    runner = ModelRunner(model, prompt_length=P, key_valid=state.key_valid)
+    cache = model.allocate_cache(state.key_valid, prompt_length=P) if d2f else None
+    plans = [RowPlan(P) for _ in range(state.live)]
+    mask_id = state.mask_id
+    steps = 0
+
+    while state.live:
+        # 1-2: append and activate, per row
+        for r, plan in enumerate(plans):
+            last = plan.blocks[-1]
+            if (plan.generated_blocks < max_blocks and not plan.eos
+                    and _ratio(state.x[r], last, mask_id, len(plan.blocks) == 1) >= cfg.block_add_threshold):
+                plan.blocks.append(Block(last.end, last.end + B, ACTIVE, False))
+            for i in range(len(plan.blocks) - 1):
+                if _ratio(state.x[r], plan.blocks[i], mask_id, i == 0) >= cfg.decoded_token_threshold:
+                    plan.blocks[i + 1].complete = True
+        # 3: rows with nothing left to decode are finished
+        finished = torch.tensor([not p.active() for p in plans], dtype=torch.bool, device=state.x.device)
+        if bool(finished.any()):
+            keep = state.retire(finished, reason="length")
+            plans = [plans[i] for i in keep.tolist()]
+            runner.select_rows(keep)
+            if cache is not None:
+                cache = cache.select_rows(keep)
+            if not state.live:
+                break
+        # 4-5: one forward over the union of the rows' windows
+        if d2f:
+            start = min(p.feed_start() for p in plans)
+        else:  # no cache: logits are needed from the first active block on
+            start = min(p.active()[0].start for p in plans)
+        end = max(p.end for p in plans)
+        if d2f:
+            cache.length = start
+            logits = runner.cached(state.x, start=start, end=end, cache=cache, mode="prefix", block_size=B)
+        else:
+            key_valid = state.key_valid.clone()
+            for r, p in enumerate(plans):
+                key_valid[r, p.end:] = False  # blocks a row has not appended are not part of its canvas
+            logits = runner.full(state.x[:, :end], logits_from=start, key_valid=key_valid)
+        steps += 1
+        state.count_forward()
+        for p in plans:
+            for b in p.blocks:
+                if b.state == TO_CACHE:
+                    b.state = IN_CACHE  # its K/V were written by this forward, from final tokens
+        # 6: decode every active block
+        window = state.x[:, start:end]
+        candidates = window == mask_id
+        x0, conf = llada_choice(logits, temperature=cfg.temperature, remasking="low_confidence", generator=gen,
+                                top_p=cfg.top_p, top_k=cfg.top_k)
+        ent = None if d2f else entropy(logits)
+        transfer = torch.zeros_like(candidates)
+        for r, p in enumerate(plans):
+            forced_first = False
+            row_any = torch.zeros_like(candidates[r])
+            for b in p.active():
+                s, e = b.start - start, b.end - start
+                cand = candidates[r : r + 1, s:e]
+                if d2f:
+                    take = select_above(conf[r : r + 1, s:e], cand, cfg.skip_threshold)
+                    if b.complete and not bool(take.any()):
+                        take = select_best(conf[r : r + 1, s:e], cand)
+                else:
+                    take = cand & (ent[r : r + 1, s:e] <= cfg.entropy_threshold)
+                    if b.complete and not forced_first and not bool(take.any()):
+                        take = select_best(-ent[r : r + 1, s:e], cand)
+                    if b.complete:
+                        forced_first = True
+                transfer[r, s:e] |= take[0]
+                row_any[s:e] |= cand[0]
+            if not d2f and bool(row_any.any()):  # d3LLM: the lowest-entropy position is always decoded
+                transfer[r : r + 1] |= select_best(-ent[r : r + 1], row_any[None])
+        state.commit(start, transfer, x0)
+        if state.eos_id is not None:
+            for r, p in enumerate(plans):
+                if bool((state.x[r, start:end][transfer[r]] == state.eos_id).any()):
+                    p.eos = True
+        # 7: retire finished blocks in order
+        for r, p in enumerate(plans):
+            earlier_active = False
+            for b in p.blocks[1:]:
+                if b.state == ACTIVE and not bool((state.x[r, b.start : b.end] == mask_id).any()) and not earlier_active:
+                    b.state = TO_CACHE
+                earlier_active = earlier_active or b.state == ACTIVE
+        keep = state.pop_finished()
+        if keep is not None:
+            plans = [plans[i] for i in keep.tolist()]
+            runner.select_rows(keep)
+            if cache is not None:
+                cache = cache.select_rows(keep)
+    return {"forward_seconds": runner.forward_seconds, "forwards": runner.forwards, "steps": steps}

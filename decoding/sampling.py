@@ -1,0 +1,108 @@
+"""Token choice and per-position statistics from logits: pure tensor functions.
+
+All functions take logits of the positions under consideration only ([..., V]) so callers never
+pay for a softmax over positions they will not commit.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    """LLaDA's float64 Gumbel-max: argmax(exp(l) / (-log U)^T) is an exact sample of softmax(l / T).
+
+    float64 on purpose: low-precision Gumbel noise measurably hurts masked-diffusion sampling
+    (arXiv:2409.02908). At temperature 0 this is a plain argmax.
+    """
+    if temperature == 0:
+        return logits.argmax(-1)
+    l64 = logits.double()
+    u = torch.rand(l64.shape, dtype=torch.float64, device=l64.device, generator=generator)
+    # exp(l)/(-log u)^T is computed in log space: l - T*log(-log u), same argmax, no overflow.
+    return (l64 - temperature * torch.log(-torch.log(u))).argmax(-1)
+
+
+def filter_top_p_top_k(logits: torch.Tensor, top_p: float | None, top_k: int | None) -> torch.Tensor:
+    """Dream's order: nucleus first, then top-k; filtered entries become -inf."""
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(logits, descending=True, dim=-1)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        remove = cum > top_p
+        remove[..., 1:] = remove[..., :-1].clone()
+        remove[..., 0] = False
+        mask = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, sorted_idx, remove)
+        logits = logits.masked_fill(mask, float("-inf"))
+    if top_k is not None:
+        k = min(top_k, logits.shape[-1])
+        kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return logits
+
+
+def llada_choice(
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    remasking: str,
+    generator: torch.Generator | None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token, confidence) as LLaDA / Fast-dLLM choose them.
+
+    The token is a Gumbel-max sample (argmax at T=0); its confidence is its probability under the
+    noise-free float64 softmax (``low_confidence``) or U(0,1) (``random``).
+    """
+    if top_p is not None or top_k is not None:
+        logits = filter_top_p_top_k(logits, top_p, top_k)
+    x0 = gumbel_argmax(logits, temperature, generator)
+    if remasking == "low_confidence":
+        p = F.softmax(logits.double(), dim=-1)
+        conf = torch.gather(p, -1, x0[..., None]).squeeze(-1)
+    elif remasking == "random":
+        conf = torch.rand(x0.shape, dtype=torch.float64, device=x0.device, generator=generator)
+    else:
+        raise ValueError(f"remasking={remasking!r}; valid: low_confidence, random")
+    return x0, conf
+
+
+def dream_choice(
+    logits: torch.Tensor,
+    *,
+    alg: str,
+    temperature: float,
+    top_p: float | None,
+    top_k: int | None,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token, confidence) as Dream's ``sample_tokens`` defines them.
+
+    ``maskgit_plus``: probability of the chosen token; ``margin``: top1 - top2 probability;
+    ``entropy``: negative entropy sum(p log p) (higher = more certain).
+    """
+    if temperature > 0:
+        logits = logits / temperature
+    logits = filter_top_p_top_k(logits, top_p, top_k)
+    probs = torch.softmax(logits.float(), dim=-1)
+    if temperature > 0:
+        flat = probs.reshape(-1, probs.shape[-1])
+        x0 = torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+        conf = torch.gather(probs, -1, x0[..., None]).squeeze(-1)
+    else:
+        conf, x0 = probs.max(-1)
+    if alg == "margin":
+        top2 = torch.topk(probs, 2, dim=-1).values
+        conf = top2[..., 0] - top2[..., 1]
+    elif alg == "entropy":
+        conf = (probs * torch.log(probs + 1e-10)).sum(-1)
+    elif alg != "maskgit_plus":
+        raise ValueError(f"alg={alg!r}; valid: maskgit_plus, margin, entropy")
+    return x0, conf
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy (nats) of softmax(logits), computed in fp32."""
+    logp = F.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)

@@ -1,0 +1,185 @@
+"""``DiffusionGenerationConfig``: one frozen, JSON-serialisable description of how to decode."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CONFIG_NAME = "generation_config.json"
+# Our keys live under this one key of generation_config.json so that transformers' own
+# GenerationConfig (which reads the same file) and ours never fight over a field.
+FILE_KEY = "dllm"
+
+CACHES = ("none", "prefix", "dual")
+REMASKING = ("low_confidence", "random")
+
+
+class GenerationConfigError(ValueError):
+    """An invalid decoding setting; the message names the field, the value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class DiffusionGenerationConfig:
+    """How ``model.generate`` turns a canvas of masks into text.
+
+    Strategy parameters that do not apply to the chosen strategy are ignored (a sweep can keep one
+    config). See the README's strategy table for which fields each strategy reads.
+    """
+
+    strategy: str = "threshold"
+    max_new_tokens: int = 64
+    block_length: int | None = 32  # None: one block spanning max_new_tokens
+    steps: int | None = None  # total denoising steps (vanilla quota schedule, Dream algorithms)
+    # Fast-dLLM
+    threshold: float = 0.9
+    factor: float = 1.0
+    cache: str = "none"
+    refresh_interval: int | None = None  # also recompute the whole canvas every N steps inside a block
+    dual_cache_step_bound: bool = False  # Fast-dLLM upstream quirk: dual-cache loop capped at steps/block
+    # sampling
+    temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+    remasking: str = "low_confidence"
+    cfg_scale: float = 0.0
+    # Dream algorithms
+    eps: float = 1e-3
+    alg_temp: float | None = None
+    # D2F / d3LLM pipelines
+    block_add_threshold: float = 0.1  # tau_add
+    decoded_token_threshold: float = 0.95  # tau_act
+    skip_threshold: float = 0.9  # tau_conf (d2f: conf > tau; d3llm: entropy <= entropy_threshold)
+    entropy_threshold: float = 0.5
+    # LoPA (lookahead branches on top of the base rule)
+    lopa_branches: int = 0
+    # stopping and bookkeeping
+    stop_at_eos: bool = True
+    stop_strings: tuple[str, ...] = ()
+    seed: int | None = None
+    mask_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+    return_dict_in_generate: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop_strings, (list, str)):
+            object.__setattr__(self, "stop_strings", (self.stop_strings,) if isinstance(self.stop_strings, str) else tuple(self.stop_strings))
+        from decoding.registry import strategy_names  # late: decoding imports this module
+
+        names = strategy_names()
+        if self.strategy not in names:
+            raise GenerationConfigError(f"unknown strategy {self.strategy!r}; valid: {', '.join(names)}")
+        _positive_int("max_new_tokens", self.max_new_tokens)
+        if self.block_length is not None:
+            _positive_int("block_length", self.block_length)
+            if self.max_new_tokens % self.block_length:
+                raise GenerationConfigError(
+                    f"max_new_tokens={self.max_new_tokens} must be a multiple of block_length={self.block_length}"
+                )
+        if self.steps is not None:
+            _positive_int("steps", self.steps)
+            if self.strategy == "vanilla" and self.steps % self.num_blocks:
+                raise GenerationConfigError(
+                    f"steps={self.steps} must be a multiple of the number of blocks ({self.num_blocks} = "
+                    f"max_new_tokens / block_length)"
+                )
+        for name in ("threshold", "block_add_threshold", "decoded_token_threshold", "skip_threshold"):
+            _unit_interval(name, getattr(self, name))
+        if self.factor <= 0:
+            raise GenerationConfigError(f"factor must be > 0, got {self.factor}")
+        if self.cache not in CACHES:
+            raise GenerationConfigError(f"cache={self.cache!r}; valid: {', '.join(CACHES)}")
+        if self.refresh_interval is not None:
+            _positive_int("refresh_interval", self.refresh_interval)
+        if self.temperature < 0:
+            raise GenerationConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise GenerationConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None:
+            _positive_int("top_k", self.top_k)
+        if self.remasking not in REMASKING:
+            raise GenerationConfigError(f"remasking={self.remasking!r}; valid: {', '.join(REMASKING)}")
+        if self.cfg_scale < 0:
+            raise GenerationConfigError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
+        if not 0 < self.eps < 1:
+            raise GenerationConfigError(f"eps must be in (0, 1), got {self.eps}")
+        if self.entropy_threshold < 0:
+            raise GenerationConfigError(f"entropy_threshold must be >= 0, got {self.entropy_threshold}")
+        if self.lopa_branches < 0:
+            raise GenerationConfigError(f"lopa_branches must be >= 0, got {self.lopa_branches}")
+        if self.cfg_scale > 0 and (self.strategy != "vanilla" or self.cache != "none"):
+            raise GenerationConfigError("cfg_scale > 0 is supported by strategy='vanilla' with cache='none' only")
+
+    # -- derived -------------------------------------------------------------------------
+    @property
+    def block_size(self) -> int:
+        return self.block_length or self.max_new_tokens
+
+    @property
+    def num_blocks(self) -> int:
+        return self.max_new_tokens // self.block_size
+
+    def steps_per_block(self) -> int:
+        """Vanilla quota schedule: ``steps`` spread evenly over blocks (default: one token per step)."""
+        steps = self.steps if self.steps is not None else self.max_new_tokens
+        return max(1, steps // self.num_blocks)
+
+    # -- overrides and files ----------------------------------------------------------------
+    def replace(self, **overrides: Any) -> "DiffusionGenerationConfig":
+        valid = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - valid)
+        if unknown:
+            raise GenerationConfigError(
+                f"unknown generation option(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}"
+            )
+        return dataclasses.replace(self, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["stop_strings"] = list(self.stop_strings)
+        return d
+
+    def to_json_string(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "DiffusionGenerationConfig":
+        valid = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - valid)
+        if unknown:
+            raise GenerationConfigError(
+                f"unknown generation option(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}"
+            )
+        data = dict(data)
+        if "stop_strings" in data and data["stop_strings"] is not None:
+            data["stop_strings"] = tuple(data["stop_strings"])
+        return cls(**data)
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write into ``generation_config.json`` under the ``"dllm"`` key, keeping other keys in the file."""
+        path = Path(directory) / CONFIG_NAME
+        existing = json.loads(path.read_text()) if path.exists() else {}
+        existing[FILE_KEY] = self.to_dict()
+        path.write_text(json.dumps(existing, indent=2, sort_keys=True) + "\n")
+        return path
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> "DiffusionGenerationConfig | None":
+        path = Path(directory) / CONFIG_NAME
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        return cls.from_dict(data[FILE_KEY]) if FILE_KEY in data else None
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise GenerationConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _unit_interval(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise GenerationConfigError(f"{name} must be in [0, 1], got {value}")

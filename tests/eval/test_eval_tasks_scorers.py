@@ -1,0 +1,254 @@
+"""Per-suite scorer behaviour: perturbed answers, structural scoring, Sudoku, Countdown parser."""
+import itertools
+import random
+
+import pytest
+
+from eval.tasks import Example, get_suite
+from eval.tasks.countdown import extract_expression, solutions
+from eval.tasks.expression import (
+    ExpressionSyntaxError,
+    ExpressionValueError,
+    parse_expression,
+)
+from eval.tasks.lists import ListsSuite
+from eval.tasks.sudoku import all_solutions, count_completions, format_grid, solve
+from eval.tasks.words import NAMES
+
+
+def _ex(name, split="test", n=250):
+    return get_suite(name).examples(split, n)
+
+
+# ---------------------------------------------------------------- arith
+def test_arith_mix_and_scoring():
+    suite, exs = get_suite("arith"), _ex("arith", "train", 1000)
+    ops = {e.meta["op"] for e in exs}
+    assert ops == {"+", "-", "*"}
+    assert all(e.meta["answer"] >= 0 and int(e.answer) == e.meta["answer"] for e in exs)
+    for e in exs[:250]:
+        gold = e.meta["answer"]
+        assert not suite.score(e, str(gold + 1)).correct
+        assert not suite.score(e, "").correct
+        assert suite.score(e, f"The answer is {gold} , not {gold + 1}").correct  # first integer
+        assert not suite.score(e, f"{gold + 1} or {gold}").correct
+    e = Example("x", "arith", "What is 3 - 8 ?", "-5", {"op": "-", "a": 3, "b": 8, "answer": -5})
+    assert suite.score(e, "-5").correct and not suite.score(e, "5").correct
+
+
+# ---------------------------------------------------------------- gsm
+def test_gsm_templates_and_scoring():
+    suite, exs = get_suite("gsm"), _ex("gsm", "train", 2000)
+    assert len({e.meta["template"] for e in exs}) >= 6
+    assert {e.meta["n_steps"] for e in exs} == {2, 3}
+    assert {op for e in exs for op in "+-*" if f" {op} " in e.answer} == {"+", "-", "*"}
+    for e in exs:
+        # every intermediate result is in [0, 999]; the worked steps are arithmetically right
+        for step in e.answer.split(" #### ")[0].split(" . "):
+            lhs, rhs = step.rstrip(" .").split(" = ")
+            a, op, b = lhs.split()
+            assert {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op] == int(rhs)
+            assert 0 <= int(rhs) <= 999
+        assert e.answer.endswith(f"#### {e.meta['answer']}")
+    for e in exs[:250]:
+        gold = e.meta["answer"]
+        assert not suite.score(e, e.answer.replace(f"#### {gold}", f"#### {gold + 1}")).correct
+        assert suite.score(e, f"#### {gold + 3} ... #### {gold}").correct  # last ####
+        assert suite.score(e, f"so the total is {gold}").correct  # fallback: last integer
+        assert not suite.score(e, "no number here").correct
+
+
+# ---------------------------------------------------------------- lists
+def test_lists_deterministic_ops_exact():
+    suite = ListsSuite(ops=["copy", "reverse", "sort", "insert", "remove", "replace"])
+    exs = suite.examples("test", 300)
+    assert {e.meta["op"] for e in exs} == {"copy", "reverse", "sort", "insert", "remove", "replace"}
+    assert all(3 <= len(e.meta["items"]) <= 8 for e in exs)
+    for e in exs:
+        got = e.answer.split()
+        swapped = [got[1], got[0], *got[2:]]
+        assert not suite.score(e, " ".join(swapped)).correct
+        assert not suite.score(e, " ".join(got[:-1])).correct
+        assert not suite.score(e, " ".join(got + [got[0]])).correct
+    e = next(e for e in exs if e.meta["op"] == "insert")
+    i, items = e.meta["index"], e.meta["items"]
+    assert e.answer.split() == items[:i] + [e.meta["name"]] + items[i:]
+    assert "( counting from 0 )" in e.prompt
+
+
+def test_lists_shuffle_structural():
+    suite = ListsSuite(ops=["shuffle"])
+    for e in suite.examples("test", 200):
+        items = e.meta["items"]
+        assert e.answer.split() != items and sorted(e.answer.split()) == sorted(items)
+        perms = [list(p) for p in itertools.islice(itertools.permutations(items), 24)]
+        for p in perms:
+            assert suite.score(e, " ".join(p)).correct == (p != items)
+        assert not suite.score(e, " ".join([items[0]] + items[:-1])).correct  # duplicate name
+        assert not suite.score(e, " ".join(items[::-1][:-1])).correct  # too short
+
+
+def test_lists_replace_random_structural():
+    suite = ListsSuite(ops=["replace_random"])
+    for e in suite.examples("test", 200):
+        items, name = e.meta["items"], e.meta["name"]
+        assert name not in items
+        for i in range(len(items)):
+            assert suite.score(e, " ".join(items[:i] + [name] + items[i + 1 :])).correct
+        assert not suite.score(e, " ".join(items)).correct  # unchanged
+        two = [name, name] + items[2:]
+        assert not suite.score(e, " ".join(two)).correct  # two positions changed
+        other = next(n for n in NAMES if n not in items + [name])
+        assert not suite.score(e, " ".join([other] + items[1:])).correct  # wrong name
+        assert not suite.score(e, " ".join(items[:1] + [name] + items[1:])).correct  # inserted
+
+
+def test_lists_parsing_is_robust():
+    suite = get_suite("lists")
+    e = next(e for e in suite.examples("test", 50) if e.meta["op"] == "reverse")
+    assert suite.score(e, f"\n  {e.answer} </s> <pad> <pad>").correct
+    assert suite.score(e, f"{e.answer} .\nAnn Bob").correct
+
+
+# ---------------------------------------------------------------- sudoku
+def test_sudoku_grids_valid_and_unique():
+    sols = all_solutions()
+    assert len(sols) == 288 and len(set(sols)) == 288
+    for s in sols[:50]:
+        rows = [s[r * 4 : r * 4 + 4] for r in range(4)]
+        cols = ["".join(s[r * 4 + c] for r in range(4)) for c in range(4)]
+        boxes = ["".join(s[r * 4 + c] for r in (br, br + 1) for c in (bc, bc + 1)) for br in (0, 2) for bc in (0, 2)]
+        assert all(sorted(g) == list("1234") for g in rows + cols + boxes)
+    for e in _ex("sudoku", "test", 250):
+        puzzle, sol = e.meta["puzzle"], e.meta["solution"]
+        assert 6 <= 16 - puzzle.count("0") <= 10
+        assert solve(puzzle, limit=5) == [sol]  # backtracking solver agrees: exactly one solution
+        assert count_completions(puzzle) == 1
+        assert e.prompt == f"sudoku : {format_grid(puzzle)}" and e.answer == format_grid(sol)
+
+
+def test_sudoku_scoring():
+    suite = get_suite("sudoku")
+    for e in _ex("sudoku", "test", 250):
+        puzzle, sol = e.meta["puzzle"], e.meta["solution"]
+        blanks = [i for i in range(16) if puzzle[i] == "0"]
+        i = blanks[0]
+        wrong = sol[:i] + str(int(sol[i]) % 4 + 1) + sol[i + 1 :]  # one blank cell changed
+        s = suite.score(e, format_grid(wrong))
+        assert not s.correct
+        assert s.details["cell_accuracy"] == 15 / 16
+        assert s.details["blank_accuracy"] == pytest.approx((len(blanks) - 1) / len(blanks))
+        assert s.reward == pytest.approx(0.5 * (len(blanks) - 1) / len(blanks))
+        s = suite.score(e, format_grid(puzzle))  # copying the puzzle gets no blank right
+        assert not s.correct and s.reward == 0.0 and s.details["cell_accuracy"] == (16 - len(blanks)) / 16
+        assert suite.score(e, "").reward == 0.0
+        assert suite.score(e, sol).correct  # compact form is accepted too
+        assert suite.score(e, format_grid(sol) + " </s> 3 3 3").correct  # trailing junk
+
+
+# ---------------------------------------------------------------- countdown
+@pytest.mark.parametrize(
+    "text,value,numbers",
+    [
+        ("2 + 3 * 4", 14, (2, 3, 4)),
+        ("( 2 + 3 ) * 4", 20, (2, 3, 4)),
+        ("2 * ( 3 + 4 )", 14, (2, 3, 4)),
+        ("10 - 4 - 3", 3, (10, 4, 3)),  # left associative
+        ("10 - ( 4 - 3 )", 9, (10, 4, 3)),
+        ("12 / 4 / 3", 1, (12, 4, 3)),
+        ("2 * 12 / 8", 3, (2, 12, 8)),  # (2*12)/8 is exact although 12/8 is not
+        ("((7))", 7, (7,)),
+        ("3-8", -5, (3, 8)),
+        ("  20*19-18 ", 362, (20, 19, 18)),
+    ],
+)
+def test_expression_parser_values(text, value, numbers):
+    p = parse_expression(text)
+    assert (p.value, p.numbers) == (value, numbers)
+
+
+@pytest.mark.parametrize(
+    "text", ["", "2 +", "+ 2", "2 + * 3", "( 2 + 3", "2 + 3 )", "2 3", "-2 + 3", "2 ** 3", "abc",
+             "__import__('os').system('true')", "2 + x", "2.5 * 2", "2 ^ 3", "()"],
+)
+def test_expression_parser_rejects_garbage(text):
+    with pytest.raises(ExpressionSyntaxError):
+        parse_expression(text)
+
+
+@pytest.mark.parametrize("text", ["8 / 3", "7 / 0", "5 / ( 3 - 3 )", "1 / 2 * 4"])
+def test_expression_parser_inexact_division(text):
+    with pytest.raises(ExpressionValueError):
+        parse_expression(text)
+
+
+def test_countdown_generated_answers():
+    suite = get_suite("countdown")
+    for e in _ex("countdown", "train", 500):
+        nums, target = e.meta["numbers"], e.meta["target"]
+        assert len(nums) == 3 and all(1 <= n <= 20 for n in nums) and 1 <= target <= 100
+        p = parse_expression(e.answer)
+        assert p.value == target and sorted(p.numbers) == sorted(nums)
+        assert e.prompt == f"numbers {nums[0]} {nums[1]} {nums[2]} target {target} :"
+        assert solutions(tuple(sorted(nums)))[target] == e.answer  # canonical: depends on the key only
+        assert suite.score(e, f"( {e.answer} )").correct  # a different correct form
+        assert suite.score(e, f"{e.answer} = {target}").correct
+
+
+def test_countdown_rewards():
+    suite = get_suite("countdown")
+    e = Example("x", "countdown", "numbers 3 5 7 target 22 :", "3 * 5 + 7", {"numbers": [3, 5, 7], "target": 22})
+    cases = {
+        "3 * 5 + 7": 1.0,
+        "7 + 5 * 3": 1.0,
+        "5 * 3 + 7\n\n junk": 1.0,
+        "3 * 5 + 7 </s>": 1.0,
+        "3 * 5 + 7 = 22": 1.0,
+        "3 * 5 + 5": 0.1,  # reused 5, 7 unused
+        "3 * 5 + 7 + 0": 0.1,  # extra number
+        "15 + 7": 0.1,  # right value, wrong numbers
+        "3 + 5 + 7": 0.1,  # wrong value
+        "7 / 5 * 3 + 1": 0.1,  # inexact division
+        "3 * * 5 + 7": 0.0,
+        "": 0.0,
+        "the answer is 22": 0.0,
+    }
+    for text, reward in cases.items():
+        s = suite.score(e, text)
+        assert s.reward == reward, (text, s)
+        assert s.correct == (reward == 1.0)
+    assert extract_expression("  3 * 5 + 7 = 22\nmore") == "3 * 5 + 7"
+
+
+@pytest.mark.parametrize("numbers", [(2, 3, 4), (1, 1, 20), (6, 6, 6), (5, 7, 19)])
+def test_countdown_solver_finds_every_target(numbers):
+    """Independent brute force: every value of a 3-number expression tree whose steps are
+    non-negative integers (exact division) is in the table, and nothing else is."""
+
+    def step(a, op, b):
+        if op == "/":
+            return a // b if b and a % b == 0 else None
+        v = {"+": a + b, "-": a - b, "*": a * b}[op]
+        return v if v >= 0 else None
+
+    expected = set()
+    for a, b, c in itertools.permutations(numbers):
+        for o1, o2 in itertools.product("+-*/", repeat=2):
+            left, right = step(a, o1, b), step(b, o2, c)
+            candidates = (None if left is None else step(left, o2, c), None if right is None else step(a, o1, right))
+            expected |= {v for v in candidates if v is not None}
+    table = solutions(numbers)
+    assert set(table) == expected
+    for v, text in table.items():
+        p = parse_expression(text)
+        assert p.value == v and sorted(p.numbers) == sorted(numbers)
+
+
+def test_countdown_robust_to_random_junk():
+    suite = get_suite("countdown")
+    rng = random.Random(0)
+    e = _ex("countdown", "test", 1)[0]
+    for _ in range(200):
+        junk = "".join(rng.choice("0123456789+-*/() xyz=\n") for _ in range(rng.randint(0, 20)))
+        s = suite.score(e, junk)
+        assert s.reward in (0.0, 0.1, 1.0) and 0.0 <= s.reward <= 1.0

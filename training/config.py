@@ -1,0 +1,285 @@
+"""Training configs: nested dataclasses, loaded from YAML recipes plus ``key=value`` overrides.
+
+Values are coerced to the declared field types (YAML reads ``1e-3`` as a string; a CLI override
+is always a string), and an unknown key fails with the list of valid dotted keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SUITE_WEIGHTS = {"arith": 1.0, "gsm": 1.0, "lists": 1.0, "sudoku": 1.0, "countdown": 1.0}
+
+
+class ConfigError(ValueError):
+    """A recipe or override names an unknown key or a value of the wrong type."""
+
+
+@dataclass
+class ModelSection:
+    path: str | None = None  # checkpoint dir or bundled name to start from; None: from scratch
+    config: dict = field(default_factory=dict)  # LLaDAConfig kwargs when training from scratch
+    tokenizer: str | None = None  # tokenizer dir; None: the checkpoint's, or built from the task suites
+    attention_policy: str | None = None  # override the checkpoint's (block-diffusion SFT: block_causal)
+    block_size: int | None = None
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class DataSection:
+    tasks: dict = field(default_factory=lambda: dict(SUITE_WEIGHTS))  # suite -> sampling weight
+    max_new_tokens: int = 48  # generation length: answers + EOS are padded with EOS up to it
+    # fixed: always pad to max_new_tokens (LLaDA SFT). random: per batch, pad to a length between the
+    # longest answer and max_new_tokens, skewed short by eos_pad_power (cheaper, and teaches every
+    # canvas length a sampler may use).
+    eos_pad: str = "fixed"
+    eos_pad_power: float = 3.0
+    mix: str = "per_batch"  # per_batch: one suite per micro-batch (short padding); per_example: mixed
+    chunk_size: int = 2048  # examples generated per suite at a time (deterministic in seed and chunk)
+
+
+@dataclass
+class OptimSection:
+    lr: float = 1e-4
+    weight_decay: float = 0.1
+    betas: list = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 disables clipping
+    schedule: str = "cosine"  # cosine | constant (both after a linear warm-up)
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
+
+
+@dataclass
+class TrainConfig:
+    """Fields every trainer shares (the engine reads only these)."""
+
+    run_dir: str = "runs/run"
+    seed: int = 0
+    max_steps: int = 1000  # optimizer steps
+    batch_size: int = 32  # examples per micro-batch per process
+    grad_accum: int = 1
+    mixed_precision: str = "no"  # no | bf16 | fp16
+    num_threads: int | None = None  # torch.set_num_threads on CPU; None leaves torch's default
+    log_every: int = 10
+    save_every: int = 500  # checkpoint every N optimizer steps (0: only at the end and on a signal)
+    keep_checkpoints: int = 2
+    eval_every: int = 0  # quick greedy accuracy on test examples every N steps (0: off)
+    eval_examples: int = 32  # per suite
+    export_dir: str | None = None  # final model dir; default <run_dir>/final
+    resume: bool = False
+    progress: bool = True
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+
+
+@dataclass
+class SFTConfig(TrainConfig):
+    """LLaDA SFT: t ~ U(0,1), p = (1 - mask_eps) t + mask_eps, answer tokens masked i.i.d. with p."""
+
+    run_dir: str = "runs/sft"
+    mask_eps: float = 1e-3
+
+
+@dataclass
+class LoraSection:
+    enabled: bool = False
+    r: int = 32
+    alpha: int = 32
+    dropout: float = 0.1
+    target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "attn_out"])
+
+
+@dataclass
+class DistillConfig(TrainConfig):
+    """D2F asymmetric distillation: block-causal student <- bidirectional frozen teacher."""
+
+    run_dir: str = "runs/distill"
+    teacher: str | None = None  # teacher checkpoint; None: the student's base with the adapter disabled
+    block_size: int = 16  # student block size (D2F trains with 16)
+    pmask_low: float = 0.2  # first block's mask ratio ~ U[pmask_low, pmask_high)
+    pmask_high: float = 0.7  # ratios rise monotonically up to this
+    hard_label_weight: float = 0.0  # optional extra CE to the ground truth (D2F: 0, self-alignment only)
+    lora: LoraSection = field(default_factory=LoraSection)
+    optim: OptimSection = field(default_factory=lambda: OptimSection(
+        lr=1e-5, weight_decay=0.05, schedule="constant", warmup_steps=0))
+
+
+# --------------------------------------------------------------------------------------------
+# loading and overrides
+
+
+def _hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def valid_keys(cls, prefix: str = "") -> list[str]:
+    """Every dotted key of a config class (dict fields accept any sub-key)."""
+    keys = []
+    for f in dataclasses.fields(cls):
+        t = _hints(cls)[f.name]
+        if dataclasses.is_dataclass(t):
+            keys += valid_keys(t, f"{prefix}{f.name}.")
+        else:
+            keys.append(f"{prefix}{f.name}" + (".*" if _origin(t) is dict else ""))
+    return keys
+
+
+def _origin(t):
+    o = typing.get_origin(t)
+    return t if o is None and t in (dict, list) else o
+
+
+def _strip_optional(t):
+    if typing.get_origin(t) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(t) if a is not type(None)]
+        return args[0] if len(args) == 1 else t, True
+    return t, False
+
+
+def coerce(value: Any, t: Any, key: str) -> Any:
+    """``value`` (from YAML or a string override) as type ``t``; ConfigError naming ``key`` otherwise."""
+    t, optional = _strip_optional(t)
+    if isinstance(value, str) and t is not str:
+        low = value.strip().lower()
+        if optional and low in ("none", "null", "~", ""):
+            return None
+        value = yaml.safe_load(value) if low not in ("none", "null") else None
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{key} may not be null")
+    try:
+        if t is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
+                return value.lower() in ("true", "yes", "1", "on")
+            if value in (0, 1):
+                return bool(value)
+            raise ValueError
+        if t is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if t is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if t is str:
+            return str(value)
+        if _origin(t) is list:
+            return list(value) if isinstance(value, (list, tuple)) else [value]
+        if _origin(t) is dict:
+            if not isinstance(value, dict):
+                raise ValueError
+            return dict(value)
+    except (TypeError, ValueError):
+        name = getattr(t, "__name__", str(t))
+        raise ConfigError(f"{key}={value!r} is not a valid {name}") from None
+    return value
+
+
+def _set(cfg, parts: list[str], value: Any, root_cls, full_key: str) -> None:
+    name, rest = parts[0], parts[1:]
+    hints = _hints(type(cfg))
+    if name not in hints or name not in {f.name for f in dataclasses.fields(cfg)}:
+        raise ConfigError(
+            f"unknown config key {full_key!r} for {root_cls.__name__}; valid keys: "
+            + ", ".join(valid_keys(root_cls))
+        )
+    t = hints[name]
+    if dataclasses.is_dataclass(t):
+        if not rest:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{full_key} is a section; give its keys ({full_key}.<key>=...)")
+            for k, v in value.items():
+                _set(getattr(cfg, name), [k], v, root_cls, f"{full_key}.{k}")
+            return
+        _set(getattr(cfg, name), rest, value, root_cls, full_key)
+        return
+    if rest:
+        if _origin(_strip_optional(t)[0]) is not dict:
+            raise ConfigError(
+                f"unknown config key {full_key!r} for {root_cls.__name__}; valid keys: "
+                + ", ".join(valid_keys(root_cls))
+            )
+        d = dict(getattr(cfg, name) or {})
+        sub = d
+        for p in rest[:-1]:
+            sub = sub.setdefault(p, {})
+        sub[rest[-1]] = yaml.safe_load(value) if isinstance(value, str) else value
+        setattr(cfg, name, d)
+        return
+    setattr(cfg, name, coerce(value, t, full_key))
+
+
+def apply_mapping(cfg, mapping: dict, prefix: str = "") -> None:
+    for k, v in mapping.items():
+        _set(cfg, [k], v, type(cfg), f"{prefix}{k}")
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not key=value (e.g. optim.lr=3e-4)")
+    key, value = text.split("=", 1)
+    key = key.strip().lstrip("-")
+    if not key:
+        raise ConfigError(f"override {text!r} has an empty key")
+    return key, value
+
+
+def load_config(cls, path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()):
+    """``cls()`` updated by the YAML recipe at ``path`` and then by ``key=value`` overrides."""
+    cfg = cls()
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"recipe {path} does not exist")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"recipe {path} must be a mapping of config keys")
+        apply_mapping(cfg, data)
+    for item in overrides:
+        key, value = parse_override(item)
+        _set(cfg, key.split("."), value, cls, key)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: TrainConfig) -> None:
+    def bad(msg):
+        raise ConfigError(msg)
+
+    if cfg.max_steps < 1:
+        bad("max_steps must be >= 1")
+    if cfg.batch_size < 1 or cfg.grad_accum < 1:
+        bad("batch_size and grad_accum must be >= 1")
+    if cfg.mixed_precision not in ("no", "bf16", "fp16"):
+        bad(f"mixed_precision={cfg.mixed_precision!r}; valid: no, bf16, fp16")
+    if cfg.optim.schedule not in ("cosine", "constant"):
+        bad(f"optim.schedule={cfg.optim.schedule!r}; valid: cosine, constant")
+    if cfg.data.eos_pad not in ("fixed", "random"):
+        bad(f"data.eos_pad={cfg.data.eos_pad!r}; valid: fixed, random")
+    if cfg.data.mix not in ("per_batch", "per_example"):
+        bad(f"data.mix={cfg.data.mix!r}; valid: per_batch, per_example")
+    if not cfg.data.tasks or any(float(w) < 0 for w in cfg.data.tasks.values()) or \
+            sum(float(w) for w in cfg.data.tasks.values()) <= 0:
+        bad("data.tasks needs at least one suite with a positive weight")
+    if isinstance(cfg, DistillConfig):
+        if not 0 <= cfg.pmask_low <= cfg.pmask_high <= 1:
+            bad("need 0 <= pmask_low <= pmask_high <= 1")
+        if cfg.block_size < 1:
+            bad("block_size must be >= 1")
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)

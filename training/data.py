@@ -1,0 +1,161 @@
+"""Training data from the task suites: chat-formatted, EOS-padded, left-padded batches from an
+infinite, seeded, resumable stream over a weighted mix of suites.
+
+Layout of a batch row (P = longest prompt in the batch, G = generation length of the batch):
+``[pad ... pad | <|user|> prompt <|assistant|> | answer <|eos|> <|eos|> ... <|eos|>]``
+with slots ``[0, P)`` the (left-padded) prompt and ``[P, P+G)`` the answer region. Every answer
+slot, EOS padding included, is a training target, so the model learns to stop.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from .config import DataSection
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [b, P+G] clean tokens
+    attention_mask: torch.Tensor  # [b, P+G] 1 real, 0 left padding
+    prompt_length: int  # P: answers start here in every row
+    answer_mask: torch.Tensor  # [b, P+G] True on answer slots (EOS padding included)
+    suites: list[str]
+
+    @property
+    def gen_length(self) -> int:
+        return self.input_ids.shape[1] - self.prompt_length
+
+    def to(self, device) -> "Batch":
+        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.prompt_length,
+                     self.answer_mask.to(device), self.suites)
+
+
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """Token ids of the user turn plus the generation prompt: ``<|user|> prompt <|assistant|>``."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                         tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def encode_answer(tokenizer, answer: str) -> list[int]:
+    """Answer ids followed by one EOS (collate pads further with EOS)."""
+    return tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
+def collate(pairs: list[tuple[list[int], list[int]]], gen_length: int, pad_id: int, eos_id: int,
+            suites: list[str] | None = None) -> Batch:
+    """Left-pad prompts with ``pad_id`` to a common length; pad answers with EOS to ``gen_length``."""
+    longest = max(len(a) for _, a in pairs)
+    if longest > gen_length:
+        raise ValueError(f"an answer of {longest} tokens (EOS included) does not fit gen_length={gen_length}")
+    p = max(len(q) for q, _ in pairs)
+    b, t = len(pairs), p + gen_length
+    ids = torch.full((b, t), eos_id, dtype=torch.long)
+    attn = torch.ones((b, t), dtype=torch.long)
+    for i, (q, a) in enumerate(pairs):
+        ids[i, : p - len(q)] = pad_id
+        attn[i, : p - len(q)] = 0
+        ids[i, p - len(q) : p] = torch.tensor(q)
+        ids[i, p : p + len(a)] = torch.tensor(a)
+    answer_mask = torch.zeros((b, t), dtype=torch.bool)
+    answer_mask[:, p:] = True
+    return Batch(ids, attn, p, answer_mask, suites or [""] * b)
+
+
+def suite_texts(n_per_split: int = 2000, seed: int = 0) -> list[str]:
+    """Prompts and answers of ``n_per_split`` train and test examples of every suite (tokenizer vocabulary)."""
+    from eval.tasks import get_suite, suite_names
+
+    texts = []
+    for name in suite_names():
+        suite = get_suite(name)
+        for split in ("train", "test"):
+            for ex in suite.examples(split, n_per_split, seed=seed):
+                texts += [ex.prompt, ex.answer]
+    return texts
+
+
+class TaskStream:
+    """Infinite deterministic batches over a weighted suite mix.
+
+    Batch ``k`` of process ``rank`` depends only on (seed, rank, k): the suite choice and the padding
+    length come from ``Random((seed, rank, k))`` and examples are read from per-suite cursors into
+    deterministic chunks, so the stream's position is just (batches drawn, cursors) and resuming
+    continues exactly where an uninterrupted run would be.
+    """
+
+    def __init__(self, tokenizer, cfg: DataSection, batch_size: int, seed: int, rank: int = 0,
+                 pad_multiple: int = 1) -> None:
+        from eval.tasks import get_suite
+
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.batch_size = batch_size
+        self.seed = seed
+        self.rank = rank
+        self.pad_multiple = max(1, pad_multiple)
+        weights = {k: float(v) for k, v in cfg.tasks.items() if float(v) > 0}
+        self.suites = {name: get_suite(name) for name in weights}
+        self.names = list(weights)
+        self.weights = [weights[n] for n in self.names]
+        for name, suite in self.suites.items():
+            need = suite.max_answer_tokens + 1
+            if need > cfg.max_new_tokens:
+                raise ValueError(
+                    f"suite {name!r} answers take up to {need} tokens with EOS; raise data.max_new_tokens "
+                    f"(now {cfg.max_new_tokens}) or drop the suite from data.tasks"
+                )
+        self.batches = 0
+        self.cursors = {n: 0 for n in self.names}
+        self._chunks: dict[tuple[str, int], list[tuple[list[int], list[int]]]] = {}
+
+    # -- resumable position -------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"batches": self.batches, "cursors": dict(self.cursors)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batches = int(state["batches"])
+        self.cursors = {n: int(state["cursors"].get(n, 0)) for n in self.names}
+
+    # -- examples ------------------------------------------------------------------------------
+    def _chunk(self, name: str, k: int) -> list[tuple[list[int], list[int]]]:
+        key = (name, k)
+        if key not in self._chunks:
+            if len(self._chunks) > 2 * len(self.names):
+                self._chunks.clear()
+            chunk_seed = ((self.seed * 1_000_003 + self.rank) * 1_000_003 + k) + 1
+            exs = self.suites[name].examples("train", self.cfg.chunk_size, seed=chunk_seed)
+            self._chunks[key] = [(encode_prompt(self.tokenizer, e.prompt), encode_answer(self.tokenizer, e.answer))
+                                 for e in exs]
+        return self._chunks[key]
+
+    def _take(self, name: str) -> tuple[list[int], list[int]]:
+        c = self.cursors[name]
+        self.cursors[name] = c + 1
+        return self._chunk(name, c // self.cfg.chunk_size)[c % self.cfg.chunk_size]
+
+    def _gen_length(self, rng: random.Random, longest_answer: int) -> int:
+        hi = self.cfg.max_new_tokens
+        if self.cfg.eos_pad == "fixed":
+            g = hi
+        else:
+            # u**power skews towards tight padding; the long tail still covers every length up to hi
+            g = longest_answer + int((hi - longest_answer + 1) * rng.random() ** self.cfg.eos_pad_power)
+            g = min(g, hi)
+        # block models: whole blocks, so the last block of every answer region is complete
+        return -(-g // self.pad_multiple) * self.pad_multiple
+
+    def next_batch(self) -> Batch:
+        rng = random.Random(f"{self.seed}:{self.rank}:{self.batches}")
+        self.batches += 1
+        if self.cfg.mix == "per_batch":
+            names = [rng.choices(self.names, self.weights)[0]] * self.batch_size
+        else:
+            names = rng.choices(self.names, self.weights, k=self.batch_size)
+        pairs = [self._take(n) for n in names]
+        g = self._gen_length(rng, max(len(a) for _, a in pairs))
+        return collate(pairs, g, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, names)
