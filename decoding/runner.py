@@ -14,8 +14,9 @@ from dllm.modeling import DiffusionKVCache
 
 
 class ModelRunner:
-    def __init__(self, model, *, prompt_length: int, key_valid: torch.Tensor) -> None:
+    def __init__(self, model, *, prompt_length: int, key_valid: torch.Tensor, suppress_token: int | None = None) -> None:
         self.model = model
+        self.suppress_token = suppress_token  # the mask id: committing [MASK] would be a no-op that loops forever
         self.prompt_length = prompt_length
         self.key_valid = key_valid  # [batch, slots] bool over the whole canvas
         self.shift = bool(model.spec.logit_shift)
@@ -33,6 +34,8 @@ class ModelRunner:
             torch.cuda.synchronize()
         self.forward_seconds += time.perf_counter() - t0
         self.forwards += 1
+        if self.suppress_token is not None:
+            logits[..., self.suppress_token] = float("-inf")
         return logits
 
     def select_rows(self, index: torch.Tensor) -> None:

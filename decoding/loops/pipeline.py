@@ -89,7 +89,8 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> d
     d2f = cfg.strategy == "d2f"
     B, P = cfg.block_size, state.P
     max_blocks = cfg.num_blocks
-    runner = ModelRunner(model, prompt_length=P, key_valid=state.key_valid)
+    runner = ModelRunner(model, prompt_length=P, key_valid=state.key_valid,
+                         suppress_token=state.mask_id if cfg.suppress_mask_token else None)
     cache = model.allocate_cache(state.key_valid, prompt_length=P) if d2f else None
     plans = [RowPlan(P) for _ in range(state.live)]
     mask_id = state.mask_id

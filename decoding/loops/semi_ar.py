@@ -57,7 +57,8 @@ def decode_semi_ar(model, state: DecodeState, gen: torch.Generator | None) -> di
     B, P = cfg.block_size, state.P
     T = P + state.G
     spb = cfg.steps_per_block()
-    runner = ModelRunner(model, prompt_length=P, key_valid=state.key_valid)
+    runner = ModelRunner(model, prompt_length=P, key_valid=state.key_valid,
+                         suppress_token=state.mask_id if cfg.suppress_mask_token else None)
     cache = None
     if cfg.cache != "none":
         cache = model.allocate_cache(state.key_valid, prompt_length=P)

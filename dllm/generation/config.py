@@ -57,6 +57,7 @@ class DiffusionGenerationConfig:
     lopa_branches: int = 0
     # stopping and bookkeeping
     stop_at_eos: bool = True
+    suppress_mask_token: bool = True  # never predict [MASK] (the references can, on untrained weights)
     stop_strings: tuple[str, ...] = ()
     seed: int | None = None
     mask_token_id: int | None = None

@@ -1,0 +1,267 @@
+"""Behaviour of model.generate: invariances, stopping, streaming, batching, errors."""
+
+import json
+
+import pytest
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+from dllm.generation import DiffusionGenerationConfig, GenerationConfigError
+from dllm.testing import EOS, MASK, PAD, tiny_dream, tiny_llada
+from decoding import StrategyError
+
+G, B = 16, 4
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llada(initializer_range=0.5)
+
+
+@pytest.fixture(scope="module")
+def bc_model():
+    return tiny_llada(initializer_range=0.5, attention_policy="block_causal", block_size=B)
+
+
+def _prompt(b=1, length=7, seed=0):
+    return torch.randint(0, 60, (b, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _gen(model, prompt, **kw):
+    kw.setdefault("max_new_tokens", G)
+    kw.setdefault("block_length", B)
+    kw.setdefault("stop_at_eos", False)
+    return model.generate(prompt, return_dict_in_generate=True, **kw)
+
+
+def test_threshold_one_commits_one_token_per_step(model):
+    out = _gen(model, _prompt(), strategy="threshold", threshold=1.0)
+    assert int(out.num_forwards[0]) == G
+    assert sorted(out.step_map[0].tolist()) == list(range(1, G + 1))
+    assert float(out.tpf[0]) == pytest.approx(int(out.generated_tokens[0]) / G)
+
+
+def test_vanilla_one_token_per_step_equals_threshold_one(model):
+    p = _prompt(seed=2)
+    a = _gen(model, p, strategy="vanilla", steps=G)
+    b = _gen(model, p, strategy="threshold", threshold=1.0)
+    assert torch.equal(a.sequences, b.sequences) and torch.equal(a.num_forwards, b.num_forwards)
+    assert torch.equal(a.step_map, b.step_map)
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+@pytest.mark.parametrize("strategy", ["threshold", "factor", "vanilla"])
+def test_cache_refreshed_every_step_equals_no_cache(model, cache, strategy):
+    p = _prompt(seed=4)
+    ref = _gen(model, p, strategy=strategy, threshold=0.7)
+    out = _gen(model, p, strategy=strategy, threshold=0.7, cache=cache, refresh_interval=1)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert torch.equal(out.num_forwards, ref.num_forwards) or strategy == "vanilla"
+
+
+def test_parallel_decoding_saves_forwards(model):
+    p = _prompt(seed=1)
+    slow = _gen(model, p, strategy="threshold", threshold=1.0)
+    fast = _gen(model, p, strategy="threshold", threshold=0.5)
+    assert int(fast.num_forwards[0]) < int(slow.num_forwards[0])
+    assert float(fast.tpf[0]) > float(slow.tpf[0])
+
+
+@pytest.mark.parametrize("tau", [0.5, 0.9])
+def test_d2f_sequential_limit_equals_block_decoding_with_exact_cache(bc_model, tau):
+    """tau_add = tau_act = 1: one block at a time, fully activated = semi-AR threshold + exact prefix cache."""
+    p = _prompt(seed=6)
+    d2f = _gen(bc_model, p, strategy="d2f", block_add_threshold=1.0, decoded_token_threshold=1.0, skip_threshold=tau)
+    seq = _gen(bc_model, p, strategy="threshold", threshold=tau, cache="prefix")
+    nocache = _gen(bc_model, p, strategy="threshold", threshold=tau)
+    assert torch.equal(d2f.sequences, seq.sequences) and torch.equal(d2f.sequences, nocache.sequences)
+    assert torch.equal(d2f.num_forwards, seq.num_forwards)
+
+
+def test_d2f_pipeline_overlaps_blocks(bc_model):
+    p = _prompt(seed=7)
+    seq = _gen(bc_model, p, strategy="d2f", block_add_threshold=1.0, decoded_token_threshold=1.0, skip_threshold=0.6)
+    pipe = _gen(bc_model, p, strategy="d2f", block_add_threshold=0.25, decoded_token_threshold=0.5, skip_threshold=0.6)
+    assert int(pipe.num_forwards[0]) <= int(seq.num_forwards[0])
+    # a later block was being decoded while an earlier one was still open
+    sm = pipe.step_map[0].view(-1, B)
+    assert any(int(sm[i + 1].min()) < int(sm[i].max()) for i in range(G // B - 1))
+
+
+def test_d2f_cache_is_exact(bc_model):
+    """Logits the pipeline sees (cached) equal an uncached block-causal forward: same tokens as d3llm-style full runs."""
+    p = _prompt(seed=8)
+    out = _gen(bc_model, p, strategy="d2f", skip_threshold=0.5)
+    assert bool((out.step_map[0] >= 1).all())
+
+
+def _left_pad(prompts):
+    L = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), L), PAD)
+    mask = torch.zeros(len(prompts), L, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, L - len(p):] = torch.tensor(p)
+        mask[i, L - len(p):] = 1
+    return ids, mask
+
+
+STRATEGY_CASES = [
+    ("vanilla", "none", {}), ("threshold", "none", {"threshold": 0.7}), ("threshold", "prefix", {"threshold": 0.7}),
+    ("threshold", "dual", {"threshold": 0.7}), ("factor", "dual", {}), ("entropy", "none", {"steps": G}),
+    ("margin", "prefix", {"steps": G}), ("maskgit_plus", "dual", {"steps": G}), ("d3llm", "none", {"entropy_threshold": 1.0}),
+]
+
+
+@pytest.mark.parametrize("strategy,cache,kw", STRATEGY_CASES + [("d2f", "none", {"skip_threshold": 0.6})])
+@pytest.mark.parametrize("stop_at_eos", [False, True])
+def test_batch_equals_single_rows_with_mixed_prompt_lengths(model, bc_model, strategy, cache, kw, stop_at_eos):
+    m = bc_model if strategy == "d2f" else model
+    prompts = [_prompt(1, n, seed=n)[0].tolist() for n in (5, 9, 7)]
+    ids, mask = _left_pad(prompts)
+    batch = _gen(m, ids, attention_mask=mask, strategy=strategy, cache=cache, stop_at_eos=stop_at_eos, **kw)
+    L = ids.shape[1]
+    for i, p in enumerate(prompts):
+        single = _gen(m, torch.tensor([p]), strategy=strategy, cache=cache, stop_at_eos=stop_at_eos, **kw)
+        assert torch.equal(batch.sequences[i, L:], single.sequences[0, len(p):]), (strategy, i)
+        assert int(batch.num_forwards[i]) == int(single.num_forwards[0])
+        assert batch.finish_reason[i] == single.finish_reason[0]
+
+
+def _eos_model(**kw):
+    """A model whose head strongly prefers EOS after the first few generated tokens' worth of training."""
+    m = tiny_llada(initializer_range=0.5, **kw)
+    with torch.no_grad():
+        head = m.model.transformer["ff_out"].weight
+        head[EOS] = head[EOS] * 0 + m.model.transformer["ln_f"].weight.sign() * 3.0
+    return m
+
+
+@pytest.mark.parametrize("strategy,extra", [("threshold", {}), ("d2f", {"attention_policy": "block_causal", "block_size": B})])
+def test_eos_early_stop_saves_forwards(strategy, extra):
+    m = _eos_model(**extra)
+    p = _prompt(seed=3)
+    full = _gen(m, p, strategy=strategy, threshold=0.9, skip_threshold=0.9, max_new_tokens=32)
+    early = _gen(m, p, strategy=strategy, threshold=0.9, skip_threshold=0.9, max_new_tokens=32, stop_at_eos=True)
+    first = int((full.sequences[0, 7:] == EOS).nonzero()[0])
+    assert first < 32 - B  # the model does end early
+    assert int(early.num_forwards[0]) < int(full.num_forwards[0])
+    # the text up to EOS is the same; everything after is EOS
+    assert torch.equal(early.sequences[0, 7: 7 + first + 1], full.sequences[0, 7: 7 + first + 1])
+    assert bool((early.sequences[0, 7 + first:] == EOS).all())
+    assert early.finish_reason == ["stop"]
+    assert int(early.generated_tokens[0]) == first + 1
+
+
+class CollectingStreamer(BaseStreamer):
+    def __init__(self):
+        self.chunks = []
+        self.ended = False
+
+    def put(self, value):
+        self.chunks.append(value.tolist())
+
+    def end(self):
+        self.ended = True
+
+
+@pytest.mark.parametrize("strategy,cache", [("threshold", "dual"), ("vanilla", "none"), ("d2f", "none")])
+def test_streamer_receives_committed_text_in_order(model, bc_model, strategy, cache):
+    m = bc_model if strategy == "d2f" else model
+    p = _prompt(seed=9)
+    streamer = CollectingStreamer()
+    out = _gen(m, p, strategy=strategy, cache=cache, threshold=0.7, skip_threshold=0.7, streamer=streamer)
+    assert streamer.ended and streamer.chunks[0] == p[0].tolist()
+    streamed = [t for chunk in streamer.chunks[1:] for t in chunk]
+    gen = out.sequences[0, 7:].tolist()
+    n = int(out.generated_tokens[0])
+    expected = gen[: n - 1] if gen[n - 1] == EOS else gen[:n]
+    assert streamed == expected
+    assert len(streamer.chunks) - 1 >= min(G // B, 1 + (n - 1) // B)  # at least once per block
+
+
+class CharTokenizer:
+    eos_token_id = EOS
+    mask_token_id = MASK
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(ord("a") + i % 26) for i in ids if i < 60)
+
+
+def test_stop_strings_on_committed_text(model):
+    p = _prompt(seed=11)
+    ref = _gen(model, p, strategy="threshold", threshold=1.0)
+    text = CharTokenizer().decode(ref.sequences[0, 7:].tolist())
+    stop = text[3:5]
+    out = _gen(model, p, strategy="threshold", threshold=1.0, stop_strings=[stop], tokenizer=CharTokenizer())
+    assert out.finish_reason == ["stop"]
+    assert int(out.num_forwards[0]) < int(ref.num_forwards[0])
+    got = CharTokenizer().decode(out.sequences[0, 7:].tolist())
+    assert stop in got and got.index(stop) == text.index(stop)
+
+
+def test_sampling_is_seeded(model):
+    p = _prompt(seed=12)
+    a = _gen(model, p, strategy="threshold", temperature=1.0, seed=7, threshold=0.8)
+    b = _gen(model, p, strategy="threshold", temperature=1.0, seed=7, threshold=0.8)
+    c = _gen(model, p, strategy="threshold", temperature=1.0, seed=8, threshold=0.8)
+    assert torch.equal(a.sequences, b.sequences)
+    assert not torch.equal(a.sequences, c.sequences)
+
+
+def test_cfg_and_random_remasking_run(model):
+    p = _prompt(seed=13)
+    plain = _gen(model, p, strategy="vanilla")
+    guided = _gen(model, p, strategy="vanilla", cfg_scale=2.0)
+    assert int(guided.num_forwards[0]) == int(plain.num_forwards[0]) == G
+    assert not torch.equal(plain.sequences, guided.sequences)
+    rnd = _gen(model, p, strategy="vanilla", remasking="random", seed=0)
+    assert bool((rnd.sequences[0, 7:] != MASK).all())
+
+
+def test_dream_model_decodes_with_caches():
+    m = tiny_dream(initializer_range=0.5)
+    p = _prompt(seed=14)
+    none = _gen(m, p, strategy="threshold", threshold=0.7)
+    refreshed = _gen(m, p, strategy="threshold", threshold=0.7, cache="dual", refresh_interval=1)
+    assert torch.equal(none.sequences, refreshed.sequences)
+    dual = _gen(m, p, strategy="threshold", threshold=0.7, cache="dual")
+    assert bool((dual.sequences[0, 7:] != MASK).all())
+
+
+def test_invalid_configs_raise_clear_errors(model):
+    with pytest.raises(GenerationConfigError, match="unknown strategy 'fast'; valid: vanilla, threshold"):
+        DiffusionGenerationConfig(strategy="fast")
+    with pytest.raises(GenerationConfigError, match="multiple of block_length"):
+        DiffusionGenerationConfig(max_new_tokens=10, block_length=4)
+    with pytest.raises(GenerationConfigError, match="threshold must be in"):
+        DiffusionGenerationConfig(threshold=1.5)
+    with pytest.raises(GenerationConfigError, match="cache='l2'; valid: none, prefix, dual"):
+        DiffusionGenerationConfig(cache="l2")
+    with pytest.raises(GenerationConfigError, match="steps=5 must be a multiple"):
+        DiffusionGenerationConfig(strategy="vanilla", steps=5, max_new_tokens=16, block_length=4)
+    with pytest.raises(GenerationConfigError, match="unknown generation option"):
+        model.generate(_prompt(), thresold=0.3)
+    with pytest.raises(StrategyError, match="block-causal"):
+        model.generate(_prompt(), strategy="d2f")
+    with pytest.raises(GenerationConfigError, match="left-padded"):
+        model.generate(_prompt(), attention_mask=torch.tensor([[1, 1, 1, 1, 1, 1, 0]]))
+    with pytest.raises(GenerationConfigError, match="mask token"):
+        model.generate(torch.tensor([[1, 2, MASK]]))
+
+
+def test_config_json_roundtrip_and_file(tmp_path, model):
+    cfg = DiffusionGenerationConfig(strategy="factor", factor=1.5, cache="dual", stop_strings=("\n\n",), seed=3)
+    assert DiffusionGenerationConfig.from_dict(json.loads(cfg.to_json_string())) == cfg
+    (tmp_path / "generation_config.json").write_text(json.dumps({"transformers_version": "5", "steps": 512}))
+    cfg.save_pretrained(tmp_path)
+    data = json.loads((tmp_path / "generation_config.json").read_text())
+    assert data["steps"] == 512 and data["dllm"]["strategy"] == "factor"
+    assert DiffusionGenerationConfig.from_pretrained(tmp_path) == cfg
+    model.save_pretrained(tmp_path / "m")
+    cfg.save_pretrained(tmp_path / "m")
+    from dllm.loading import load_model
+
+    loaded = load_model(tmp_path / "m")
+    assert loaded.diffusion_generation_config == cfg
+    with pytest.raises(Exception):
+        cfg.strategy = "vanilla"  # frozen
