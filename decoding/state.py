@@ -50,21 +50,25 @@ class DecodeState:
         self.P, self.G = p, g
         self.mask_id, self.eos_id = mask_id, eos_id
         self.tokenizer = tokenizer
-        self.streamer = streamer
         self.x = torch.cat([input_ids, torch.full((b, g), mask_id, dtype=input_ids.dtype, device=dev)], 1)
         self.key_valid = torch.cat([attention_mask.bool(), torch.ones(b, g, dtype=torch.bool, device=dev)], 1)
         self.rows = torch.arange(b, device=dev)  # original index of each live row
         self.nfe = torch.zeros(b, dtype=torch.long, device=dev)
         self.step_map = torch.full((b, g), -1, dtype=torch.long, device=dev)
-        self.streamed = 0  # generated tokens already sent to the streamer (batch 1)
+        from decoding.streaming import BatchStreamer
+
+        self.batch_streamer = streamer if isinstance(streamer, BatchStreamer) else None
+        self.streamer = None if self.batch_streamer is not None else streamer
+        self.streamed = torch.zeros(b, dtype=torch.long, device=dev)  # tokens already streamed, per live row
         self.pending_done: torch.Tensor | None = None
+        self.cancelled: torch.Tensor | None = None
         self._stop_checked = torch.zeros(b, dtype=torch.long, device=dev)
         # outputs, indexed by original row
         self.out_x = self.x.clone()
         self.out_nfe = torch.zeros(b, dtype=torch.long, device=dev)
         self.out_step_map = self.step_map.clone()
         self.finish_reason = ["length"] * b
-        if streamer is not None:
+        if self.streamer is not None:
             if b != 1:
                 raise ValueError("a streamer needs batch size 1 (as in transformers)")
             streamer.put(input_ids[0].cpu())
@@ -112,8 +116,13 @@ class DecodeState:
                 text = self.tokenizer.decode(gen[r, : int(prefix_len[r])].tolist(), skip_special_tokens=True)
                 if any(s in text for s in self.cfg.stop_strings):
                     done[r] = True
-        if self.streamer is not None:
-            self._stream(prefix_len[0])
+        if self.streamer is not None or self.batch_streamer is not None:
+            self._stream(prefix_len)
+        if self.batch_streamer is not None:
+            cancelled = self.batch_streamer.cancelled_rows()
+            if cancelled:
+                self.cancelled = torch.tensor([int(r) in cancelled for r in self.rows], device=self.x.device)
+                done |= self.cancelled
         self.pending_done = done
 
     def pop_finished(self) -> torch.Tensor | None:
@@ -121,18 +130,30 @@ class DecodeState:
         done, self.pending_done = self.pending_done, None
         if done is None or not bool(done.any()):
             return None
+        cancelled, self.cancelled = self.cancelled, None
+        if cancelled is not None and bool(cancelled.any()):
+            keep = self.retire(cancelled, reason="cancelled")
+            done = done[keep]
+            if not bool(done.any()):
+                return keep
+            return keep[self.retire(done, reason="stop")]
         return self.retire(done, reason="stop")
 
     def _stream(self, prefix_len: torch.Tensor) -> None:
-        end = int(prefix_len)
-        gen = self.x[0, self.P:]
-        if self.eos_id is not None:
-            eos = (gen[:end] == self.eos_id).nonzero()
-            if len(eos):
-                end = int(eos[0])
-        if end > self.streamed:
-            self.streamer.put(gen[self.streamed:end].cpu())
-            self.streamed = end
+        for r in range(self.live):
+            end = int(prefix_len[r])
+            gen = self.x[r, self.P:]
+            if self.eos_id is not None:
+                eos = (gen[:end] == self.eos_id).nonzero()
+                if len(eos):
+                    end = int(eos[0])
+            start = int(self.streamed[r])
+            if end > start:
+                if self.streamer is not None:
+                    self.streamer.put(gen[start:end].cpu())
+                else:
+                    self.batch_streamer.put_row(int(self.rows[r]), gen[start:end].tolist())
+                self.streamed[r] = end
 
     def retire(self, done: torch.Tensor, reason: str) -> torch.Tensor:
         """Move finished rows to the outputs; returns the kept local indices (for caches etc.)."""
@@ -157,6 +178,8 @@ class DecodeState:
             self.out_nfe[orig] = self.nfe[r]
             self.out_step_map[orig] = self.step_map[r]
             self.finish_reason[orig] = row_reason
+            if self.batch_streamer is not None:
+                self.batch_streamer.end_row(orig, row_reason)
         keep = (~done).nonzero().flatten()
         self.x = self.x[keep]
         self.key_valid = self.key_valid[keep]
@@ -164,6 +187,7 @@ class DecodeState:
         self.nfe = self.nfe[keep]
         self.step_map = self.step_map[keep]
         self._stop_checked = self._stop_checked[keep]
+        self.streamed = self.streamed[keep]
         return keep
 
     def finish(self, *, total_seconds: float, forward_seconds: float, stats: dict | None = None) -> DiffusionGenerateOutput:

@@ -265,3 +265,29 @@ def test_config_json_roundtrip_and_file(tmp_path, model):
     assert loaded.diffusion_generation_config == cfg
     with pytest.raises(Exception):
         cfg.strategy = "vanilla"  # frozen
+
+
+@pytest.mark.parametrize("strategy", ["threshold", "d2f"])
+def test_batch_streamer_rows_and_cancellation(model, bc_model, strategy):
+    from decoding.streaming import CollectingBatchStreamer
+
+    m = bc_model if strategy == "d2f" else model
+    prompts = [_prompt(1, n, seed=n)[0].tolist() for n in (5, 8)]
+    ids, mask = _left_pad(prompts)
+    streamer = CollectingBatchStreamer()
+    out = _gen(m, ids, attention_mask=mask, strategy=strategy, threshold=0.7, skip_threshold=0.7, streamer=streamer)
+    for r in range(2):
+        gen = out.sequences[r, ids.shape[1]:].tolist()
+        n = int(out.generated_tokens[r])
+        assert streamer.tokens[r] == (gen[: n - 1] if gen[n - 1] == EOS else gen[:n])
+        assert streamer.finished[r] == out.finish_reason[r]
+
+    class CancelSecond(CollectingBatchStreamer):
+        def cancelled_rows(self):
+            return {1} if self.chunks.get(1, 0) >= 1 else set()
+
+    c = CancelSecond()
+    out2 = _gen(m, ids, attention_mask=mask, strategy=strategy, threshold=0.7, skip_threshold=0.7, streamer=c)
+    assert out2.finish_reason[1] == "cancelled" and c.finished[1] == "cancelled"
+    assert int(out2.num_forwards[1]) < int(out.num_forwards[1])
+    assert torch.equal(out2.sequences[0], out.sequences[0])  # the other row is unaffected

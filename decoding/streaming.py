@@ -1,0 +1,40 @@
+"""Streaming committed tokens out of a decoding batch.
+
+A single-row ``transformers`` streamer (``BaseStreamer``: ``put``/``end``) gets the prompt first,
+then every newly committed token of the contiguous committed prefix, never a token that can still
+change (a committed token is final in every dllm strategy). For servers, a :class:`BatchStreamer`
+receives the same per row of a batch, by the row's index in the ``generate`` call, and may cancel
+rows (a client that disconnected).
+"""
+
+from __future__ import annotations
+
+
+class BatchStreamer:
+    """Override what you need; every method is called from the decoding loop's thread."""
+
+    def put_row(self, row: int, token_ids: list[int]) -> None:
+        """New final tokens of ``row`` (EOS and anything after it are never sent)."""
+
+    def end_row(self, row: int, finish_reason: str) -> None:
+        """``row`` is finished; no more tokens will come."""
+
+    def cancelled_rows(self) -> set[int]:
+        """Rows whose work should stop now (they finish with reason ``"cancelled"``)."""
+        return set()
+
+
+class CollectingBatchStreamer(BatchStreamer):
+    """Keeps everything it is given; handy in tests and notebooks."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[int, list[int]] = {}
+        self.chunks: dict[int, int] = {}
+        self.finished: dict[int, str] = {}
+
+    def put_row(self, row: int, token_ids: list[int]) -> None:
+        self.tokens.setdefault(row, []).extend(token_ids)
+        self.chunks[row] = self.chunks.get(row, 0) + 1
+
+    def end_row(self, row: int, finish_reason: str) -> None:
+        self.finished[row] = finish_reason

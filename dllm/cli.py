@@ -1,0 +1,99 @@
+"""The ``dllm`` command: generate, bench, train, serve."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+
+app = typer.Typer(help="dllm: fast, practical diffusion language models.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _mount_subcommands() -> None:
+    try:
+        from training.cli import train_app
+    except ImportError:  # training extras missing: the command explains itself
+        train_app = None
+    if train_app is not None:
+        app.add_typer(train_app, name="train")
+    try:
+        from eval.bench_cli import bench
+    except ImportError:
+        bench = None
+    if bench is not None:
+        app.command("bench")(bench)
+    try:
+        from serving.cli import serve
+    except ImportError:
+        serve = None
+    if serve is not None:
+        app.command("serve")(serve)
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument(..., help="The user prompt (the model's chat template is applied)."),
+    model: str = typer.Option("tiny", "--model", "-m", help="tiny, tiny-d2f, or a local checkpoint directory."),
+    strategy: Optional[str] = typer.Option(None, help="Decoding strategy (default: the model's)."),
+    cache: Optional[str] = typer.Option(None, help="none, prefix or dual (bidirectional models)."),
+    threshold: Optional[float] = typer.Option(None, help="Confidence threshold (threshold strategy)."),
+    block_length: Optional[int] = typer.Option(None, "--block-length", help="Block size."),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Cap on generated tokens."),
+    steps: Optional[int] = typer.Option(None, help="Total steps (vanilla / Dream algorithms)."),
+    temperature: Optional[float] = typer.Option(None, help="0 = greedy."),
+    seed: Optional[int] = typer.Option(None, help="Seed for sampling."),
+    lopa_branches: Optional[int] = typer.Option(None, "--lopa-branches", help="LoPA lookahead branches."),
+    dtype: Optional[str] = typer.Option(None, help="float32, bfloat16 or float16."),
+    device: Optional[str] = typer.Option(None, help="cpu, cuda, cuda:1, ..."),
+    no_chat: bool = typer.Option(False, "--no-chat", help="Do not apply the chat template."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Generate an answer and report forwards, tokens per forward (TPF) and speed."""
+    from dllm.generation.config import GenerationConfigError
+    from dllm.loading import CheckpointError, load_model, resolve_model_path
+    from dllm.text import generate_text, load_tokenizer_for
+    from decoding.registry import StrategyError
+
+    overrides = {k: v for k, v in dict(strategy=strategy, cache=cache, threshold=threshold, block_length=block_length,
+                                       max_new_tokens=max_new_tokens, steps=steps, temperature=temperature,
+                                       seed=seed, lopa_branches=lopa_branches).items() if v is not None}
+    try:
+        path = resolve_model_path(model)
+        m = load_model(path, dtype=dtype, device=device)
+        tok = load_tokenizer_for(path)
+        cfg = m.diffusion_generation_config
+        if "max_new_tokens" in overrides and "block_length" not in overrides and cfg.block_length:
+            if overrides["max_new_tokens"] % cfg.block_length:
+                overrides["block_length"] = overrides["max_new_tokens"]
+        result = generate_text(m, tok, prompt, chat=not no_chat, **overrides)[0]
+    except (CheckpointError, GenerationConfigError, StrategyError, ValueError) as err:
+        _fail(str(err))
+        return
+    tps = result.generated_tokens / result.seconds if result.seconds > 0 else float("inf")
+    if as_json:
+        payload = {"text": result.text, "num_forwards": result.num_forwards,
+                   "generated_tokens": result.generated_tokens, "tpf": round(result.tpf, 4),
+                   "seconds": round(result.seconds, 4), "tokens_per_second": round(tps, 2),
+                   "finish_reason": result.finish_reason, "model": model, "strategy": cfg.replace(**overrides).strategy}
+        typer.echo(json.dumps(payload))
+    else:
+        typer.echo(result.text)
+        typer.echo(f"[forwards={result.num_forwards} tokens={result.generated_tokens} tpf={result.tpf:.2f} "
+                   f"tokens/s={tps:.1f} finish={result.finish_reason}]", err=False)
+
+
+def main() -> None:
+    _mount_subcommands()
+    app(prog_name="dllm")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Text in, text out: the tokenizer and chat template around ``model.generate``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .generation.config import DiffusionGenerationConfig
+
+
+@dataclass
+class TextResult:
+    text: str
+    num_forwards: int
+    generated_tokens: int
+    tpf: float
+    seconds: float
+    finish_reason: str
+    token_ids: list[int]
+    step_map: list[int]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def encode_prompts(tokenizer, prompts: list[str], chat: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ``input_ids`` and ``attention_mask`` for the prompts (chat template applied)."""
+    rows = []
+    for p in prompts:
+        if chat and getattr(tokenizer, "chat_template", None):
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                                tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+        else:
+            ids = tokenizer(p, add_special_tokens=True)["input_ids"]
+        if not ids:
+            raise ValueError("empty prompt")
+        rows.append(list(ids))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    length = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), length), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, r in enumerate(rows):
+        input_ids[i, length - len(r):] = torch.tensor(r)
+        mask[i, length - len(r):] = 1
+    return input_ids, mask
+
+
+def completion_text(tokenizer, ids: list[int], eos_id: int | None, stop_strings=()) -> str:
+    if eos_id is not None and eos_id in ids:
+        ids = ids[: ids.index(eos_id)]
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    for s in stop_strings:
+        if s in text:
+            text = text[: text.index(s)]
+    return text
+
+
+def generate_text(
+    model,
+    tokenizer,
+    prompts: str | list[str],
+    *,
+    chat: bool = True,
+    generation_config: DiffusionGenerationConfig | None = None,
+    streamer=None,
+    **overrides,
+) -> list[TextResult]:
+    """Generate completions for text prompts; one :class:`TextResult` per prompt."""
+    single = isinstance(prompts, str)
+    prompts = [prompts] if single else list(prompts)
+    input_ids, mask = encode_prompts(tokenizer, prompts, chat=chat)
+    cfg = generation_config or model.diffusion_generation_config
+    cfg = cfg.replace(return_dict_in_generate=True, **overrides)
+    out = model.generate(input_ids, attention_mask=mask, generation_config=cfg, streamer=streamer, tokenizer=tokenizer)
+    eos_id = cfg.eos_token_id if cfg.eos_token_id is not None else tokenizer.eos_token_id
+    p = input_ids.shape[1]
+    seconds = out.timings["total_seconds"]
+    results = []
+    for i in range(len(prompts)):
+        ids = out.sequences[i, p:].tolist()
+        results.append(TextResult(
+            text=completion_text(tokenizer, ids, eos_id, cfg.stop_strings),
+            num_forwards=int(out.num_forwards[i]),
+            generated_tokens=int(out.generated_tokens[i]),
+            tpf=float(out.tpf[i]),
+            seconds=seconds,
+            finish_reason=out.finish_reason[i],
+            token_ids=ids,
+            step_map=out.step_map[i].tolist(),
+        ))
+    return results
+
+
+def load_tokenizer_for(path) -> object:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
