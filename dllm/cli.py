@@ -12,12 +12,33 @@ app = typer.Typer(help="dllm: fast, practical diffusion language models.", no_ar
                   pretty_exceptions_enable=False, add_completion=False)
 
 
+@app.callback()
+def _root() -> None:
+    """dllm: fast, practical diffusion language models."""
+
+
+def _quiet_transformers() -> None:
+    """No weight-loading progress bars or advisory warnings in command output (JSON must stay parseable)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
 
+_mounted = False
+
+
 def _mount_subcommands() -> None:
+    """Attach the commands of the other packages (once; a missing optional extra just omits its command)."""
+    global _mounted
+    if _mounted:
+        return
+    _mounted = True
     try:
         from training.cli import train_app
     except ImportError:  # training extras missing: the command explains itself
@@ -38,7 +59,7 @@ def _mount_subcommands() -> None:
         app.command("serve")(serve)
 
 
-@app.command()
+@app.command("generate")
 def generate(
     prompt: str = typer.Argument(..., help="The user prompt (the model's chat template is applied)."),
     model: str = typer.Option("tiny", "--model", "-m", help="tiny, tiny-d2f, or a local checkpoint directory."),
@@ -62,6 +83,7 @@ def generate(
     from dllm.text import generate_text, load_tokenizer_for
     from decoding.registry import StrategyError
 
+    _quiet_transformers()
     overrides = {k: v for k, v in dict(strategy=strategy, cache=cache, threshold=threshold, block_length=block_length,
                                        max_new_tokens=max_new_tokens, steps=steps, temperature=temperature,
                                        seed=seed, lopa_branches=lopa_branches).items() if v is not None}

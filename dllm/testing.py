@@ -31,3 +31,33 @@ def tiny_dream(seed: int = 0, **overrides) -> DreamModel:
     cfg.update(overrides)
     torch.manual_seed(seed)
     return DreamModel(DreamConfig(**cfg)).eval()
+
+
+def tiny_tokenizer():
+    """A word-level tokenizer over the task suites' texts (built, not downloaded)."""
+    from .tokenization import build_tokenizer
+
+    from eval.tasks import get_suite, suite_names
+
+    texts = []
+    for name in suite_names():
+        for ex in get_suite(name).examples("train", 200, seed=0) + get_suite(name).examples("test", 50, seed=0):
+            texts += [ex.prompt, ex.answer]
+    return build_tokenizer(texts)
+
+
+def save_tiny_checkpoint(directory, *, block_causal: bool = False, block_size: int = 8, seed: int = 0,
+                         initializer_range: float = 0.5, generation_config=None):
+    """A random LLaDA-format checkpoint + tokenizer in ``directory``; returns (model, tokenizer)."""
+    from .tokenization import special_token_ids
+
+    tok = tiny_tokenizer()
+    ids = special_token_ids(tok)
+    extra = {"attention_policy": "block_causal", "block_size": block_size} if block_causal else {}
+    model = tiny_llada(seed=seed, vocab_size=len(tok), embedding_size=len(tok), initializer_range=initializer_range,
+                       **ids, **extra)
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    if generation_config is not None:
+        generation_config.save_pretrained(directory)
+    return model, tok

@@ -1,0 +1,287 @@
+"""Side-by-side benchmark of decoding methods on the task suites.
+
+Every method decodes the same prompts in one process, interleaved prompt batch by prompt batch
+(with the method order rotated each batch) so machine drift hits every method alike. Reported per
+method: accuracy, TPF (ratio of sums, see ``eval.metrics``), mean forwards per answer (NFE),
+tokens/s (generated tokens / decoding wall time), speedup in tokens/s against the first method,
+latency percentiles per request, and AUP against the first method.
+
+AUP of a method = d3LLM's AUP over the two points {(TPF, accuracy) of the first method (the
+baseline, usually ``vanilla``), (TPF, accuracy) of this method}, with ``y_max`` the best accuracy
+of the run. A point more than 5 accuracy points below the baseline is dropped (AUP = the
+baseline's rectangle), as d3LLM's filter does.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .metrics import aup as aup_metric
+from .metrics import latency_percentiles
+from .tasks import Example, resolve_suites
+
+SCHEMA_VERSION = 1
+
+
+class BenchSpecError(ValueError):
+    """A malformed --strategies / --sweep specification."""
+
+
+@dataclass(frozen=True)
+class Method:
+    strategy: str
+    params: dict
+
+    @property
+    def label(self) -> str:
+        if not self.params:
+            return self.strategy
+        return self.strategy + ":" + ",".join(f"{k}={v}" for k, v in self.params.items())
+
+
+def _value(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    return text
+
+
+def parse_methods(spec: str) -> list[Method]:
+    """``"vanilla,threshold:cache=dual,threshold=0.9,d2f"`` -> three methods.
+
+    Methods are separated by commas (or ``;``); ``name:key=value`` starts a method with parameters
+    and every following ``key=value`` item belongs to it until the next bare name.
+    """
+    items = [s.strip() for s in spec.replace(";", ",").split(",") if s.strip()]
+    methods: list[tuple[str, dict]] = []
+    for item in items:
+        if ":" in item:
+            name, kv = item.split(":", 1)
+            methods.append((name.strip(), {}))
+            item = kv
+            if not item:
+                continue
+        if "=" in item:
+            if not methods:
+                raise BenchSpecError(f"parameter {item!r} comes before any strategy name in {spec!r}")
+            key, val = item.split("=", 1)
+            methods[-1][1][key.strip()] = _value(val.strip())
+        else:
+            methods.append((item, {}))
+    if not methods:
+        raise BenchSpecError("no strategies given")
+    return [Method(n, p) for n, p in methods]
+
+
+def apply_sweep(methods: list[Method], sweep: str | None) -> list[Method]:
+    """``threshold=0.5,0.7,0.9``: each method that is not the baseline is run once per value."""
+    if not sweep:
+        return methods
+    if "=" not in sweep:
+        raise BenchSpecError(f"--sweep must look like key=v1,v2,...; got {sweep!r}")
+    key, vals = sweep.split("=", 1)
+    values = [_value(v.strip()) for v in vals.split(",") if v.strip()]
+    if not values:
+        raise BenchSpecError(f"--sweep {sweep!r} lists no values")
+    out = [methods[0]]
+    for m in methods[1:]:
+        for v in values:
+            out.append(Method(m.strategy, {**m.params, key.strip(): v}))
+    return out
+
+
+@dataclass
+class MethodStats:
+    method: Method
+    correct: int = 0
+    total: int = 0
+    tokens: int = 0
+    forwards: int = 0
+    seconds: float = 0.0
+    latencies: list = field(default_factory=list)
+    per_suite: dict = field(default_factory=dict)
+
+
+def run_bench(
+    model,
+    tokenizer,
+    *,
+    suites: str,
+    methods: list[Method],
+    n: int,
+    batch_size: int = 1,
+    seed: int = 0,
+    base_overrides: dict | None = None,
+    progress: bool = True,
+) -> dict:
+    from dllm.generation.config import GenerationConfigError
+    from dllm.text import generate_text
+
+    suite_objs = resolve_suites(suites)
+    examples: list[Example] = []
+    for s in suite_objs:
+        examples.extend(s.examples("test", n, seed=seed))
+    by_name = {s.name: s for s in suite_objs}
+    base = model.diffusion_generation_config.replace(**(base_overrides or {}))
+    configs = []
+    for m in methods:
+        try:
+            configs.append(base.replace(strategy=m.strategy, **m.params))
+        except (GenerationConfigError, TypeError) as err:
+            raise BenchSpecError(f"method {m.label!r}: {err}") from None
+    stats = [MethodStats(m) for m in methods]
+    batches = [examples[i : i + batch_size] for i in range(0, len(examples), batch_size)]
+
+    bar = None
+    if progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        bar = Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                       TimeRemainingColumn(), transient=True)
+        bar.start()
+        task = bar.add_task("", total=len(batches) * len(methods))
+    try:
+        for bi, batch in enumerate(batches):
+            order = list(range(len(methods)))
+            order = order[bi % len(order):] + order[: bi % len(order)]  # rotate: no method always goes first
+            prompts = [ex.prompt for ex in batch]
+            for mi in order:
+                t0 = time.perf_counter()
+                results = generate_text(model, tokenizer, prompts, generation_config=configs[mi])
+                dt = time.perf_counter() - t0
+                st = stats[mi]
+                st.seconds += dt
+                for ex, res in zip(batch, results):
+                    score = by_name[ex.suite].score(ex, res.text)
+                    st.correct += int(score.correct)
+                    st.total += 1
+                    st.tokens += res.generated_tokens
+                    st.forwards += res.num_forwards
+                    st.latencies.append(dt)
+                    ps = st.per_suite.setdefault(ex.suite, {"correct": 0, "total": 0, "tokens": 0, "forwards": 0})
+                    ps["correct"] += int(score.correct)
+                    ps["total"] += 1
+                    ps["tokens"] += res.generated_tokens
+                    ps["forwards"] += res.num_forwards
+                if bar is not None:
+                    bar.update(task, advance=1, description=methods[mi].label)
+    finally:
+        if bar is not None:
+            bar.stop()
+    return summarise(stats, model_name=getattr(model.config, "_name_or_path", "?"), suites=suites, n=n,
+                     batch_size=batch_size)
+
+
+def summarise(stats: list[MethodStats], *, model_name: str, suites: str, n: int, batch_size: int) -> dict:
+    rows = []
+    for st in stats:
+        acc = 100.0 * st.correct / max(1, st.total)
+        lat = latency_percentiles(st.latencies) if st.latencies else {"p50": 0.0, "p95": 0.0}
+        rows.append({
+            "strategy": st.method.strategy,
+            "params": st.method.params,
+            "label": st.method.label,
+            "accuracy": acc,
+            "tpf": st.tokens / max(1, st.forwards),
+            "nfe": st.forwards / max(1, st.total),
+            "tokens_per_second": st.tokens / st.seconds if st.seconds > 0 else 0.0,
+            "latency_p50": lat["p50"],
+            "latency_p95": lat["p95"],
+            "generated_tokens": st.tokens,
+            "forwards": st.forwards,
+            "seconds": st.seconds,
+            "examples": st.total,
+            "per_suite": {k: {"accuracy": 100.0 * v["correct"] / max(1, v["total"]),
+                              "tpf": v["tokens"] / max(1, v["forwards"]), "n": v["total"]}
+                          for k, v in st.per_suite.items()},
+        })
+    base = rows[0]
+    y_max = max(r["accuracy"] for r in rows)
+    for r in rows:
+        r["speedup"] = r["tokens_per_second"] / base["tokens_per_second"] if base["tokens_per_second"] else 0.0
+        r["aup"] = method_aup(base, r, y_max)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "model": model_name,
+        "suite": suites,
+        "n": n,
+        "batch_size": batch_size,
+        "machine": machine_info(),
+        "results": rows,
+    }
+
+
+def method_aup(base: dict, row: dict, y_max: float) -> float:
+    if y_max <= 0:
+        return 0.0
+    points = {(base["tpf"], base["accuracy"]), (row["tpf"], row["accuracy"])}
+    return aup_metric(sorted(points), y_max=y_max, strict=False)
+
+
+def machine_info() -> dict:
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+    }
+
+
+def format_table(report: dict) -> str:
+    head = f"{'strategy':<34} {'acc%':>6} {'TPF':>6} {'NFE':>7} {'tok/s':>8} {'speedup':>8} {'AUP':>8}"
+    lines = [head, "-" * len(head)]
+    for r in report["results"]:
+        lines.append(f"{r['label'][:34]:<34} {r['accuracy']:>6.1f} {r['tpf']:>6.2f} {r['nfe']:>7.1f} "
+                     f"{r['tokens_per_second']:>8.1f} {r['speedup']:>7.2f}x {r['aup']:>8.1f}")
+    m = report["machine"]
+    lines.append(f"model={report['model']} suite={report['suite']} n={report['n']}/suite batch={report['batch_size']} "
+                 f"torch_threads={m['torch_threads']} device={m['device']} {m['date']}")
+    return "\n".join(lines)
+
+
+def pareto_plot(report: dict, path: str) -> None:
+    """Accuracy vs TPF, one point per method, the Pareto frontier drawn through the non-dominated ones."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["results"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
+    for r in rows:
+        ax.scatter(r["tpf"], r["accuracy"], s=40)
+        ax.annotate(r["label"], (r["tpf"], r["accuracy"]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    pts = sorted(((r["tpf"], r["accuracy"]) for r in rows), key=lambda p: (-p[0], -p[1]))
+    frontier, best = [], float("-inf")
+    for x, y in pts:
+        if y > best:
+            frontier.append((x, y))
+            best = y
+    frontier.sort()
+    ax.plot([p[0] for p in frontier], [p[1] for p in frontier], "--", color="gray", linewidth=1, label="Pareto frontier")
+    ax.set_xlabel("tokens per forward (TPF)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(f"{report['model'].split('/')[-1]} on {report['suite']} (n={report['n']}/suite)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def to_jsonable(report: dict) -> dict:
+    return report if isinstance(report, dict) else asdict(report)

@@ -1,0 +1,69 @@
+"""``dllm bench``: strategies side by side on the task suites (mounted by dllm.cli)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def bench(
+    model: str = typer.Option("tiny-d2f", "--model", "-m", help="tiny, tiny-d2f, or a checkpoint directory."),
+    suite: str = typer.Option("all", "--suite", help="arith, gsm, lists, sudoku, countdown, a comma list, or all."),
+    strategies: str = typer.Option("vanilla,threshold,d2f", "--strategies",
+                                   help="Comma list; parameters as name:key=value,key=value (e.g. threshold:cache=dual,threshold=0.9)."),
+    n: int = typer.Option(20, "--n", help="Held-out examples per suite."),
+    sweep: Optional[str] = typer.Option(None, "--sweep", help="key=v1,v2,...: run every non-baseline method per value."),
+    batch_size: int = typer.Option(1, "--batch-size", help="Prompts per generate call."),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens"),
+    block_length: Optional[int] = typer.Option(None, "--block-length"),
+    threads: int = typer.Option(2, "--threads", help="torch CPU threads (fixed and reported)."),
+    dtype: Optional[str] = typer.Option(None, help="float32, bfloat16 or float16."),
+    device: Optional[str] = typer.Option(None, help="cpu, cuda, ..."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the held-out sample."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report here."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write an accuracy-vs-TPF Pareto chart (PNG)."),
+    no_progress: bool = typer.Option(False, "--no-progress"),
+) -> None:
+    """Run decoding strategies side by side on the same prompts and print accuracy, TPF, NFE, speed and AUP."""
+    import torch
+
+    from dllm.generation.config import GenerationConfigError
+    from dllm.loading import CheckpointError, load_model, resolve_model_path
+    from dllm.text import load_tokenizer_for
+    from decoding.registry import StrategyError
+    from eval.bench import BenchSpecError, apply_sweep, format_table, parse_methods, pareto_plot, run_bench
+
+    def fail(msg: str) -> None:
+        typer.echo(f"error: {msg}", err=True)
+        raise typer.Exit(2)
+
+    if n < 1:
+        fail("--n must be >= 1")
+    if batch_size < 1:
+        fail("--batch-size must be >= 1")
+    from dllm.cli import _quiet_transformers
+
+    _quiet_transformers()
+    torch.set_num_threads(threads)
+    overrides = {k: v for k, v in {"max_new_tokens": max_new_tokens, "block_length": block_length}.items() if v}
+    try:
+        methods = apply_sweep(parse_methods(strategies), sweep)
+        path = resolve_model_path(model)
+        m = load_model(path, dtype=dtype, device=device)
+        tok = load_tokenizer_for(path)
+        report = run_bench(m, tok, suites=suite, methods=methods, n=n, batch_size=batch_size,
+                           base_overrides=overrides, progress=not no_progress)
+    except (BenchSpecError, CheckpointError, GenerationConfigError, StrategyError, ValueError) as err:
+        fail(str(err))
+        return
+    report["model"] = model
+    typer.echo(format_table(report))
+    if json_out:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+        typer.echo(f"wrote {json_out}")
+    if plot:
+        pareto_plot(report, str(plot))
+        typer.echo(f"wrote {plot}")

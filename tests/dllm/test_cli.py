@@ -1,0 +1,53 @@
+"""dllm generate: text, one status line, --json, clear errors."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from dllm.cli import _mount_subcommands, app
+from dllm.generation import DiffusionGenerationConfig
+from dllm.testing import save_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    save_tiny_checkpoint(d, generation_config=DiffusionGenerationConfig(max_new_tokens=16, block_length=8))
+    return d
+
+
+def test_generate_json(ckpt):
+    r = CliRunner().invoke(app, ["generate", "What is 2 + 3 ?", "--model", str(ckpt), "--strategy", "threshold",
+                                 "--threshold", "0.5", "--cache", "dual", "--json"])
+    assert r.exit_code == 0, r.output
+    payload = json.loads(next(line for line in r.output.splitlines() if line.startswith("{")))
+    assert set(payload) >= {"text", "num_forwards", "generated_tokens", "tpf", "seconds", "finish_reason"}
+    assert payload["num_forwards"] >= 1 and payload["tpf"] == pytest.approx(
+        payload["generated_tokens"] / payload["num_forwards"], abs=1e-3)
+    assert payload["finish_reason"] in ("stop", "length") and payload["strategy"] == "threshold"
+
+
+def test_generate_text_and_status_line(ckpt):
+    r = CliRunner().invoke(app, ["generate", "reverse : Ann Bob", "--model", str(ckpt), "--max-new-tokens", "8"])
+    assert r.exit_code == 0, r.output
+    assert "forwards=" in r.output and "tpf=" in r.output and "tokens/s=" in r.output and "finish=" in r.output
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--strategy", "warp"], "unknown strategy 'warp'"),
+    (["--strategy", "d2f"], "needs a block-causal model"),
+    (["--threshold", "2"], "threshold must be in [0, 1]"),
+    (["--model", "/no/such/dir"], "neither a bundled name"),
+])
+def test_generate_user_errors_are_clear(ckpt, args, msg):
+    base = ["generate", "hi", "--model", str(ckpt)]
+    r = CliRunner().invoke(app, base + args)
+    assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output
+
+
+def test_subcommands_mounted():
+    _mount_subcommands()
+    _mount_subcommands()
+    names = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
+    assert {"generate", "bench", "train"} <= names

@@ -1,0 +1,81 @@
+"""dllm bench: spec parsing, the side-by-side runner, the JSON schema, the plot, the CLI."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from dllm.generation import DiffusionGenerationConfig
+from dllm.testing import save_tiny_checkpoint
+from eval.bench import BenchSpecError, Method, apply_sweep, method_aup, parse_methods
+
+
+def test_parse_methods_with_parameters():
+    ms = parse_methods("vanilla,threshold:cache=dual,threshold=0.9,d2f")
+    assert ms == [Method("vanilla", {}), Method("threshold", {"cache": "dual", "threshold": 0.9}), Method("d2f", {})]
+    assert ms[1].label == "threshold:cache=dual,threshold=0.9"
+    assert parse_methods("a;b:x=1;c") == [Method("a", {}), Method("b", {"x": 1}), Method("c", {})]
+    with pytest.raises(BenchSpecError, match="before any strategy"):
+        parse_methods("threshold=0.9,vanilla")
+    with pytest.raises(BenchSpecError):
+        parse_methods(" , ")
+
+
+def test_sweep_expands_non_baseline_methods():
+    ms = apply_sweep(parse_methods("vanilla,threshold:cache=dual"), "threshold=0.5,0.9")
+    assert [m.label for m in ms] == ["vanilla", "threshold:cache=dual,threshold=0.5", "threshold:cache=dual,threshold=0.9"]
+    with pytest.raises(BenchSpecError):
+        apply_sweep(ms, "threshold")
+
+
+def test_method_aup_uses_baseline_and_shared_ymax():
+    base = {"tpf": 1.0, "accuracy": 74.02}
+    fast = {"tpf": 9.11, "accuracy": 73.09}
+    assert method_aup(base, fast, 74.98) == pytest.approx(637.7, abs=0.5)
+    assert method_aup(base, base, 74.98) == pytest.approx(74.02)
+    slow_bad = {"tpf": 4.0, "accuracy": 60.0}  # > 5 points below the baseline: dropped
+    assert method_aup(base, slow_bad, 74.98) == pytest.approx(74.02)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny-bc")
+    save_tiny_checkpoint(d, block_causal=True, block_size=8,
+                         generation_config=DiffusionGenerationConfig(strategy="d2f", max_new_tokens=16, block_length=8))
+    return d
+
+
+def test_bench_cli_end_to_end(ckpt, tmp_path):
+    from dllm.cli import _mount_subcommands, app
+
+    _mount_subcommands()
+    out_json, out_png = tmp_path / "out.json", tmp_path / "pareto.png"
+    res = CliRunner().invoke(app, ["bench", "--model", str(ckpt), "--suite", "arith,lists", "--n", "3",
+                                   "--strategies", "vanilla,threshold:threshold=0.5,d2f", "--json", str(out_json),
+                                   "--plot", str(out_png), "--no-progress", "--batch-size", "2"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(out_json.read_text())
+    assert set(report) >= {"model", "suite", "n", "results"} and report["n"] == 3 and report["suite"] == "arith,lists"
+    assert [r["strategy"] for r in report["results"]] == ["vanilla", "threshold", "d2f"]
+    for r in report["results"]:
+        assert set(r) >= {"strategy", "params", "accuracy", "tpf", "nfe", "tokens_per_second", "speedup", "aup"}
+        assert r["examples"] == 6 and r["forwards"] > 0 and 0 <= r["accuracy"] <= 100
+        assert r["tpf"] == pytest.approx(r["generated_tokens"] / r["forwards"])
+    v = report["results"][0]
+    assert v["speedup"] == pytest.approx(1.0) and v["nfe"] == pytest.approx(16.0)  # one token per step
+    assert report["results"][1]["params"] == {"threshold": 0.5}
+    assert report["machine"]["torch_threads"] == 2
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "speedup" in res.output and "AUP" in res.output
+
+
+def test_bench_cli_user_errors(ckpt):
+    from dllm.cli import _mount_subcommands, app
+
+    _mount_subcommands()
+    r = CliRunner().invoke(app, ["bench", "--model", str(ckpt), "--strategies", "warp", "--n", "1", "--no-progress"])
+    assert r.exit_code == 2 and "unknown strategy 'warp'" in r.output
+    r = CliRunner().invoke(app, ["bench", "--model", str(ckpt), "--suite", "poetry", "--n", "1", "--no-progress"])
+    assert r.exit_code == 2 and "poetry" in r.output
+    r = CliRunner().invoke(app, ["bench", "--model", "/nonexistent", "--n", "1"])
+    assert r.exit_code == 2 and "neither a bundled name" in r.output

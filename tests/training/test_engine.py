@@ -1,0 +1,134 @@
+"""The shared engine: checkpoints, bit-identical resume, signals, the NaN guard, export."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from training.checkpointing import list_checkpoints
+from training.config import SFTConfig, load_config
+from training.engine import RunDirInUse, TrainingDiverged
+from training.sft import SFTTrainer
+
+from .conftest import REPO, micro_overrides
+
+
+def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(ckpt / "model.safetensors"))
+
+
+def test_smoke_run_exports_a_loadable_model(tmp_path):
+    from transformers import AutoModel, AutoTokenizer
+
+    import dllm  # noqa: F401  (registers the model classes)
+
+    cfg = load_config(SFTConfig, None, micro_overrides(tmp_path / "run", save_every=3))
+    result = SFTTrainer(cfg).run()
+    assert result.status == "finished" and result.step == 6
+    assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [3, 6]
+    final = tmp_path / "run" / "final"
+    model = AutoModel.from_pretrained(str(final))
+    tok = AutoTokenizer.from_pretrained(str(final))
+    assert model.config.mask_token_id == tok.mask_token_id
+    assert model.config.eos_token_id == tok.eos_token_id and model.config.pad_token_id == tok.pad_token_id
+    from dllm.generation.config import DiffusionGenerationConfig
+
+    gen = DiffusionGenerationConfig.from_pretrained(final)
+    assert gen.max_new_tokens == 8 and gen.mask_token_id == tok.mask_token_id
+    assert not any(p.name.startswith("optimizer") for p in final.iterdir())  # no optimizer state in exports
+    ids = torch.tensor([tok("What is 1 + 2 ?")["input_ids"]])
+    assert model(ids).logits.shape[-1] == len(tok)
+    rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    assert rows[0].startswith("step,loss,lr") and len(rows) == 7
+
+
+def test_resume_is_bit_identical(tmp_path):
+    full = load_config(SFTConfig, None, micro_overrides(tmp_path / "a", max_steps=8, save_every=4))
+    SFTTrainer(full).run()
+
+    class Crash(SFTTrainer):
+        calls = 0
+
+        def compute_loss(self, model, batch, generator):
+            Crash.calls += 1
+            if Crash.calls == 7:  # crash during step 7, after the step-4 checkpoint
+                raise RuntimeError("simulated crash")
+            return super().compute_loss(model, batch, generator)
+
+    part = load_config(SFTConfig, None, micro_overrides(tmp_path / "b", max_steps=8, save_every=4))
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        Crash(part).run()
+    assert [s for s, _ in list_checkpoints(tmp_path / "b")] == [4]
+    with pytest.raises(RunDirInUse):
+        SFTTrainer(part).run()  # a run dir with checkpoints needs resume=true
+    part.resume = True
+    result = SFTTrainer(part).run()
+    assert result.step == 8
+    a, b = _weights(tmp_path / "a" / "checkpoints" / "step-0000008"), _weights(tmp_path / "b" / "checkpoints" / "step-0000008")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    opt_a = torch.load(tmp_path / "a" / "checkpoints" / "step-0000008" / "optimizer.bin", weights_only=False)
+    opt_b = torch.load(tmp_path / "b" / "checkpoints" / "step-0000008" / "optimizer.bin", weights_only=False)
+    for k, st in opt_a["state"].items():
+        assert torch.equal(st["exp_avg"], opt_b["state"][k]["exp_avg"])
+    # the metrics of the crashed attempt after step 4 were dropped and rewritten by the resumed run
+    steps = [int(r.split(",")[0]) for r in (tmp_path / "b" / "metrics.csv").read_text().splitlines()[1:]]
+    assert steps == list(range(1, 9))
+
+
+def test_nan_guard_keeps_last_good_checkpoint(tmp_path):
+    class Diverges(SFTTrainer):
+        calls = 0
+
+        def compute_loss(self, model, batch, generator):
+            Diverges.calls += 1
+            loss = super().compute_loss(model, batch, generator)
+            return loss * float("nan") if Diverges.calls == 4 else loss
+
+    cfg = load_config(SFTConfig, None, micro_overrides(tmp_path / "run", save_every=2))
+    with pytest.raises(TrainingDiverged) as err:
+        Diverges(cfg).run()
+    msg = str(err.value)
+    assert "non-finite loss" in msg and "step 4" in msg and "step-0000002" in msg
+    ckpts = list_checkpoints(tmp_path / "run")
+    assert [s for s, _ in ckpts] == [2]
+    assert all(torch.isfinite(t).all() for t in _weights(ckpts[0][1]).values())
+    assert not (tmp_path / "run" / "final").exists()
+
+
+def test_sigterm_saves_a_valid_checkpoint_and_exits_cleanly(tmp_path):
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "training.cli", "sft", "--config", str(REPO / "recipes" / "smoke-sft.yaml"),
+           *micro_overrides(run, max_steps=100000, save_every=0)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 60
+        metrics = run / "metrics.csv"
+        while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert "SIGTERM" in out and "--resume" in out
+    ckpts = list_checkpoints(run)
+    assert len(ckpts) == 1
+    step, path = ckpts[0]
+    assert step >= 2
+    assert {"model.safetensors", "optimizer.bin"} <= {p.name for p in path.iterdir()}
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp")]
+    # and it resumes
+    cfg = load_config(SFTConfig, None, micro_overrides(run, max_steps=step + 1, resume="true"))
+    assert SFTTrainer(cfg).run().step == step + 1

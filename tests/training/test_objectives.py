@@ -1,0 +1,137 @@
+"""Losses and noise against hand computations."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dllm.testing import EOS, MASK, PAD, tiny_llada
+from training.data import collate
+from training.objectives import (
+    d2f_noise,
+    distill_loss,
+    monotonic_block_pmasks,
+    sft_loss,
+    sft_noise,
+)
+
+
+def _batch():
+    # two rows: prompts of 3 and 2 tokens (left-padded to 3), answers padded with EOS to 4
+    return collate([([10, 11, 12], [20, 21, EOS]), ([13, 14], [22, EOS])], gen_length=4, pad_id=PAD, eos_id=EOS)
+
+
+def test_collate_layout():
+    b = _batch()
+    assert b.prompt_length == 3
+    assert b.input_ids.tolist() == [[10, 11, 12, 20, 21, EOS, EOS], [PAD, 13, 14, 22, EOS, EOS, EOS]]
+    assert b.attention_mask.tolist() == [[1] * 7, [0] + [1] * 6]
+    assert b.answer_mask.sum(1).tolist() == [4, 4]
+    assert not b.answer_mask[:, :3].any()
+
+
+def test_sft_noise_never_masks_the_prompt():
+    b = _batch()
+    g = torch.Generator().manual_seed(0)
+    seen = torch.zeros_like(b.answer_mask)
+    for _ in range(200):
+        noisy, masked, p_mask = sft_noise(b.input_ids, b.answer_mask, MASK, g)
+        assert not (masked & ~b.answer_mask).any()
+        assert torch.equal(noisy[~masked], b.input_ids[~masked])
+        assert (noisy[masked] == MASK).all()
+        assert (p_mask >= 1e-3).all() and (p_mask <= 1).all()
+        assert torch.equal(p_mask[:, 0], p_mask[:, -1])  # one p per row
+        seen |= masked
+    assert seen[:, 3:].all()  # every answer slot (EOS padding included) gets trained
+
+
+def test_sft_loss_matches_hand_computation():
+    torch.manual_seed(0)
+    b, l, v = 2, 5, 7
+    logits = torch.randn(b, l, v)
+    targets = torch.randint(0, v, (b, l))
+    masked = torch.tensor([[1, 0, 1, 0, 0], [0, 1, 1, 1, 0]], dtype=torch.bool)
+    p = torch.tensor([0.3, 0.8])
+    p_mask = p[:, None].expand(b, l)
+    lengths = torch.tensor([5, 4])
+    expected = 0.0
+    for i in range(b):
+        for j in range(l):
+            if masked[i, j]:
+                logp = logits[i, j, targets[i, j]] - torch.logsumexp(logits[i, j], dim=0)
+                expected += -float(logp) / float(p[i]) / int(lengths[i])
+    expected /= b
+    got = sft_loss(logits, targets, masked, p_mask, lengths)
+    assert math.isclose(float(got), expected, rel_tol=1e-5)
+
+
+def test_sft_trainer_loss_uses_fixed_mask(monkeypatch, tokenizer):
+    """SFTTrainer.compute_loss == hand CE/p/len with the mask forced (monkeypatched noise)."""
+    import training.sft as sft_mod
+    from training.config import SFTConfig
+
+    model = tiny_llada()
+    b = _batch()
+    masked = torch.zeros_like(b.answer_mask)
+    masked[0, 3] = masked[0, 5] = masked[1, 4] = True
+    p = torch.tensor([0.5, 0.25])
+    p_mask = p[:, None].expand_as(masked)
+    noisy = torch.where(masked, torch.full_like(b.input_ids, MASK), b.input_ids)
+    monkeypatch.setattr(sft_mod, "sft_noise", lambda *a, **k: (noisy, masked, p_mask))
+    trainer = sft_mod.SFTTrainer(SFTConfig())
+    trainer.tokenizer = type("T", (), {"mask_token_id": MASK})()
+    got = trainer.compute_loss(model, b, torch.Generator())
+    with torch.no_grad():
+        logits = model(noisy, attention_mask=b.attention_mask).logits
+    expected = 0.0
+    for i, j in zip(*torch.nonzero(masked, as_tuple=True)):
+        logp = torch.log_softmax(logits[i, j], -1)[b.input_ids[i, j]]
+        expected += -float(logp) / float(p[i]) / 4  # answer length 4 (EOS padding included)
+    expected /= 2
+    assert math.isclose(float(got), expected, rel_tol=1e-5)
+
+
+def test_monotonic_block_pmasks():
+    g = torch.Generator().manual_seed(1)
+    r = monotonic_block_pmasks(500, 6, g, 0.2, 0.7)
+    assert r.shape == (500, 6)
+    assert (r[:, 1:] >= r[:, :-1]).all()
+    assert (r[:, 0] >= 0.2).all() and (r[:, 0] < 0.7).all()
+    assert (r <= 0.7 + 1e-6).all()
+    assert r[:, -1].mean() > r[:, 0].mean() + 0.05  # ratios really rise along the answer
+    one = monotonic_block_pmasks(10, 1, g)
+    assert one.shape == (10, 1)
+
+
+def test_d2f_noise_block_structure():
+    ids = torch.arange(3 * 11).view(3, 11) % 50
+    p_len, bs = 3, 3  # answer of 8 slots -> blocks of 3, 3, 2
+    answer = torch.zeros(3, 11, dtype=torch.bool)
+    answer[:, p_len:] = True
+    g = torch.Generator().manual_seed(2)
+    noisy, masked, p_mask = d2f_noise(ids, p_len, bs, answer, MASK, g)
+    assert (p_mask[:, :p_len] == 0).all() and not masked[:, :p_len].any()
+    for blk in ([3, 4, 5], [6, 7, 8], [9, 10]):
+        assert (p_mask[:, blk] == p_mask[:, blk[:1]]).all()  # one ratio per block
+    assert (p_mask[:, 6] >= p_mask[:, 3]).all() and (p_mask[:, 9] >= p_mask[:, 6]).all()
+    assert (noisy[masked] == MASK).all() and torch.equal(noisy[~masked], ids[~masked])
+
+
+def test_distill_loss_matches_hand_computation():
+    torch.manual_seed(3)
+    s, t = torch.randn(2, 4, 6), torch.randn(2, 4, 6)
+    masked = torch.tensor([[1, 0, 0, 1], [0, 1, 0, 0]], dtype=torch.bool)
+    p_mask = torch.tensor([[0.5, 0.5, 0.6, 0.6], [0.2, 0.2, 0.9, 0.9]])
+    terms = []
+    for i, j in zip(*torch.nonzero(masked, as_tuple=True)):
+        q = torch.softmax(t[i, j], -1)
+        ce = -(q * torch.log_softmax(s[i, j], -1)).sum()
+        terms.append(float(ce) / float(p_mask[i, j]))
+    assert math.isclose(float(distill_loss(s, t, masked, p_mask)), sum(terms) / len(terms), rel_tol=1e-5)
+    # identical distributions: the soft CE is the teacher's entropy (KL = 0)
+    same = distill_loss(t, t, masked, torch.ones_like(p_mask))
+    ent = [float(-(torch.softmax(t[i, j], -1) * torch.log_softmax(t[i, j], -1)).sum())
+           for i, j in zip(*torch.nonzero(masked, as_tuple=True))]
+    assert math.isclose(float(same), sum(ent) / len(ent), rel_tol=1e-5)
+    assert float(distill_loss(s, t, torch.zeros_like(masked), p_mask)) == 0.0

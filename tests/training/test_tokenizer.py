@@ -1,0 +1,56 @@
+"""The bundled tokenizer: exact round trip of every suite's canonical text, token counts, chat template."""
+
+from __future__ import annotations
+
+import pytest
+
+from dllm.tokenization import build_tokenizer, load_tokenizer, save_tokenizer, special_token_ids
+from eval.tasks import count_tokens, get_suite, suite_names
+
+
+@pytest.mark.parametrize("name", suite_names())
+def test_round_trip_and_counts(tokenizer, name):
+    suite = get_suite(name)
+    for split in ("train", "test"):
+        for ex in suite.examples(split, 200, seed=3):
+            for text in (ex.prompt, ex.answer):
+                ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+                assert tokenizer.unk_token_id not in ids, text
+                assert tokenizer.decode(ids) == text
+                assert len(ids) == count_tokens(text)
+
+
+def test_digits_are_single_tokens(tokenizer):
+    toks = tokenizer.tokenize("What is 123 + 45 ?")
+    assert toks == ["▁What", "▁is", "▁1", "2", "3", "▁+", "▁4", "5", "▁?"]
+    # "12 4" and "1 24" stay distinguishable
+    assert tokenizer.decode(tokenizer("12 4", add_special_tokens=False)["input_ids"]) == "12 4"
+    assert tokenizer.decode(tokenizer("1 24", add_special_tokens=False)["input_ids"]) == "1 24"
+
+
+def test_chat_template(tokenizer):
+    msgs = [{"role": "user", "content": "What is 7 + 5 ?"}]
+    text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    assert text == "<|user|> What is 7 + 5 ? <|assistant|>"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    toks = tokenizer.convert_ids_to_tokens(ids)
+    assert toks[0] == "<|user|>" and toks[-1] == "<|assistant|>"
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "What is 7 + 5 ?"
+    full = tokenizer.apply_chat_template(msgs + [{"role": "assistant", "content": "12"}], tokenize=False)
+    assert full == "<|user|> What is 7 + 5 ? <|assistant|> 12<|eos|>"
+
+
+def test_special_tokens_and_save_load(tmp_path):
+    tok = build_tokenizer(["hello world 42 ."])
+    ids = special_token_ids(tok)
+    assert len(set(ids.values())) == 3
+    assert tok.mask_token == "<|mask|>" and tok.eos_token == "<|eos|>" and tok.pad_token == "<|pad|>"
+    save_tokenizer(tok, tmp_path)
+    again = load_tokenizer(tmp_path)
+    assert again.get_vocab() == tok.get_vocab()
+    assert special_token_ids(again) == ids
+    assert again.decode(again("hello world 42 .", add_special_tokens=False)["input_ids"]) == "hello world 42 ."
+    assert again.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                     tokenize=False) == "<|user|> hi <|assistant|>"
+    # unseen words map to <|unk|> instead of failing
+    assert again.unk_token_id in again("zebra", add_special_tokens=False)["input_ids"]
