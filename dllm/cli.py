@@ -51,6 +51,8 @@ def _mount_subcommands() -> None:
         bench = None
     if bench is not None:
         app.command("bench")(bench)
+    app.command("lm-eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                             "help_option_names": []})(lm_eval_command)
     try:
         from serving.cli import serve
     except ImportError:
@@ -110,6 +112,16 @@ def generate(
         typer.echo(result.text)
         typer.echo(f"[forwards={result.num_forwards} tokens={result.generated_tokens} tpf={result.tpf:.2f} "
                    f"tokens/s={tps:.1f} finish={result.finish_reason}]", err=False)
+
+
+def lm_eval_command(ctx: typer.Context) -> None:
+    """lm-evaluation-harness with the `dllm` model registered (arguments go to lm-eval unchanged)."""
+    try:
+        from eval.lm_eval_adapter import main as lm_eval_main
+    except ImportError as err:
+        _fail(str(err))
+        return
+    lm_eval_main(list(ctx.args))
 
 
 def main() -> None:

@@ -1,0 +1,180 @@
+"""lm-evaluation-harness model ``dllm``: generation through our decoding config, likelihood by Monte Carlo.
+
+``generate_until`` runs ``model.generate`` with the strategy and options given in ``--model_args``;
+``loglikelihood`` is LLaDA's Monte Carlo estimate of log p(continuation | context): mask k of the
+continuation's L tokens (k stratified over the batch, positions uniform), sum the masked
+cross-entropy divided by the mask ratio k/L, average over ``mc_num`` samples. It is a lower bound
+(ELBO) on the log-likelihood, which is what LLaDA reports for multiple-choice tasks.
+
+lm-eval discovers models by import, so run it through our entry point, which registers ``dllm``
+and hands the command line to lm-eval unchanged:
+
+    dllm lm-eval --model dllm --model_args pretrained=tiny,strategy=threshold,threshold=0.9 --tasks TASK
+    python -m eval.lm_eval_adapter --model dllm ...   # the same
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+
+try:
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import register_model
+except ImportError as err:  # the optional extra is missing
+    raise ImportError("lm-eval is not installed: pip install 'dllm[lm-eval]'") from err
+
+from dllm.generation.config import DiffusionGenerationConfig
+
+_MODEL_ARGS = {"pretrained", "dtype", "device", "batch_size", "mc_num", "mc_batch_size", "chat", "max_length", "seed"}
+
+
+def forward_process(seq: torch.Tensor, prompt_len: int, mask_id: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """LLaDA's stratified masking of the continuation: row i masks k_i of L tokens, k_i spread over [1, L]."""
+    b, total = seq.shape
+    L = total - prompt_len
+    k = int(torch.randint(1, L + 1, (), generator=gen))
+    counts = torch.round(torch.linspace(float(k), k + (b - 1) * (L / b), steps=b)).long()
+    counts = ((counts - 1) % L) + 1
+    is_mask = torch.arange(L)[None, :].repeat(b, 1) < counts[:, None]
+    for i in range(b):
+        is_mask[i] = is_mask[i][torch.randperm(L, generator=gen)]
+    is_mask = torch.cat([torch.zeros(b, prompt_len, dtype=torch.bool), is_mask], 1).to(seq.device)
+    noisy = torch.where(is_mask, torch.full_like(seq, mask_id), seq)
+    return noisy, (counts.double() / L).to(seq.device)
+
+
+@torch.no_grad()
+def mc_loglikelihood(model, context: list[int], continuation: list[int], *, mask_id: int, mc_num: int = 32,
+                     batch_size: int = 16, seed: int = 0) -> float:
+    if not continuation:
+        return 0.0
+    device = model.get_input_embeddings().weight.device
+    seq = torch.tensor([context + continuation], device=device).repeat(batch_size, 1)
+    gen = torch.Generator().manual_seed(seed)
+    losses = []
+    for _ in range(max(1, mc_num // batch_size)):
+        noisy, ratio = forward_process(seq, len(context), mask_id, gen)
+        logits = model(noisy).logits.float()
+        masked = noisy == mask_id
+        ce = F.cross_entropy(logits[masked], seq[masked], reduction="none").double()
+        weights = (1.0 / ratio)[:, None].expand_as(masked)[masked]
+        losses.append(float((ce * weights).sum() / batch_size))
+    return -sum(losses) / len(losses)
+
+
+@register_model("dllm")
+class DLLMEvalModel(LM):
+    def __init__(self, pretrained: str = "tiny", batch_size: int | str = 1, mc_num: int = 32, mc_batch_size: int = 16,
+                 chat: bool = True, dtype: str | None = None, device: str | None = None, seed: int = 0, **gen_kwargs):
+        super().__init__()
+        from dllm.loading import load_model, resolve_model_path
+        from dllm.text import load_tokenizer_for
+
+        path = resolve_model_path(pretrained)
+        self.model = load_model(path, dtype=dtype, device=device)
+        self.tokenizer = load_tokenizer_for(path)
+        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 1
+        self.mc_num, self.mc_batch_size, self.seed = int(mc_num), int(mc_batch_size), int(seed)
+        self.chat = str(chat).lower() not in ("false", "0", "no")
+        fields = set(DiffusionGenerationConfig.__dataclass_fields__)
+        unknown = sorted(set(gen_kwargs) - fields)
+        if unknown:
+            raise ValueError(f"unknown dllm model_args {unknown}; valid: {sorted(fields | _MODEL_ARGS)}")
+        self.gen_config = self.model.diffusion_generation_config.replace(**gen_kwargs)
+        from dllm.loading import require_mask_token
+
+        self.mask_id = require_mask_token(self.model, self.tokenizer)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, args: dict, additional_config: dict | None = None):
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k in ("batch_size", "device")}
+        # lm-eval passes its --device default ("cuda") even on CPU machines: a hint, not a demand.
+        if str(extra.get("device", "")).startswith("cuda") and not torch.cuda.is_available():
+            extra.pop("device")
+        return cls(**{**extra, **args})
+
+    # -- generation --------------------------------------------------------------------------------
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        from tqdm import tqdm
+
+        from dllm.text import generate_text
+
+        out = []
+        for req in tqdm(requests, disable=disable_tqdm, desc="dllm generate_until"):
+            context, kwargs = req.args
+            until = kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            overrides = {"stop_strings": tuple(until)}
+            if "max_gen_toks" in kwargs:
+                block = self.gen_config.block_size
+                overrides["max_new_tokens"] = max(block, -(-int(kwargs["max_gen_toks"]) // block) * block)
+            if kwargs.get("temperature"):
+                overrides["temperature"] = float(kwargs["temperature"])
+            res = generate_text(self.model, self.tokenizer, context, chat=self.chat, generation_config=self.gen_config,
+                                **overrides)[0]
+            out.append(res.text)
+        return out
+
+    # -- likelihood --------------------------------------------------------------------------------
+    def _encode(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        whole = self.tokenizer(context + continuation, add_special_tokens=False)["input_ids"]
+        ctx = self.tokenizer(context, add_special_tokens=False)["input_ids"]
+        if whole[: len(ctx)] == ctx:
+            return ctx, whole[len(ctx):]
+        return ctx, self.tokenizer(continuation, add_special_tokens=False)["input_ids"]
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        from tqdm import tqdm
+
+        results = []
+        for req in tqdm(requests, disable=disable_tqdm, desc="dllm loglikelihood"):
+            context, continuation = req.args
+            ctx, cont = self._encode(context, continuation)
+            ll = mc_loglikelihood(self.model, ctx, cont, mask_id=self.mask_id, mc_num=self.mc_num,
+                                  batch_size=self.mc_batch_size, seed=self.seed)
+            results.append((ll, self._greedy(ctx, cont)))
+        return results
+
+    @torch.no_grad()
+    def _greedy(self, ctx: list[int], cont: list[int]) -> bool:
+        """Whether one denoising step from a fully masked continuation predicts it exactly."""
+        if not cont:
+            return True
+        device = self.model.get_input_embeddings().weight.device
+        x = torch.tensor([ctx + [self.mask_id] * len(cont)], device=device)
+        pred = self.model(x).logits[0, len(ctx):].argmax(-1).tolist()
+        return pred == cont
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """Whole-text Monte Carlo log-likelihood (no context)."""
+        out = []
+        for req in requests:
+            (text,) = req.args
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            bos = self.tokenizer.bos_token_id
+            ctx = [bos] if bos is not None else []
+            out.append(mc_loglikelihood(self.model, ctx, ids, mask_id=self.mask_id, mc_num=self.mc_num,
+                                        batch_size=self.mc_batch_size, seed=self.seed))
+        return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """lm-eval's own command line, with the ``dllm`` model registered."""
+    from lm_eval.__main__ import cli_evaluate
+
+    if argv is not None:
+        sys.argv = ["lm_eval", *argv]
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()
