@@ -1,6 +1,6 @@
 """How a canvas of masks becomes text: policies, loops, caches, stopping and streaming."""
 
-from .generate import generate
+from .engine import generate
 from .registry import STRATEGIES, StrategyError, get_strategy, strategy_names
 from .state import DiffusionGenerateOutput
 

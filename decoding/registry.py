@@ -34,6 +34,9 @@ STRATEGIES: dict[str, Strategy] = {
                  "d3LLM: pipelined multi-block decoding, commit tokens with entropy <= entropy_threshold"),
         Strategy("d2f", "decoding.loops.pipeline:decode_pipeline", "block_causal",
                  "D2F: pipelined multi-block decoding with an exact block KV cache (tau_add/tau_act/tau_conf)"),
+        Strategy("lopa", "decoding.loops.lopa:decode_lopa", "any",
+                 "LoPA: lopa_branches lookahead branches (+ the anchor) verified in one forward per round, on top "
+                 "of d2f (block-causal models) or threshold (bidirectional)"),
     ]
 }
 
