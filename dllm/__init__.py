@@ -1,5 +1,12 @@
-"""dllm: fast, practical diffusion language models."""
+"""dllm: fast, practical diffusion language models.
 
+Public API::
+
+    from dllm import load_model, load_tokenizer, generate_text, DiffusionGenerationConfig
+"""
+
+from .generation import DiffusionGenerationConfig, GenerationConfigError
+from .loading import CheckpointError, load_model, resolve_model_path
 from .modeling import (
     CheckpointConfigError,
     DiffusionKVCache,
@@ -9,5 +16,19 @@ from .modeling import (
     LLaDAConfig,
     LLaDAModelLM,
 )
+from .text import TextResult, generate_text
+from .text import load_tokenizer_for as _load_tokenizer_for
 
 __version__ = "0.1.0"
+
+
+def load_tokenizer(name_or_path):
+    """The tokenizer of a bundled model name or a local checkpoint directory (offline)."""
+    return _load_tokenizer_for(resolve_model_path(name_or_path))
+
+
+__all__ = [
+    "CheckpointConfigError", "CheckpointError", "DiffusionGenerationConfig", "DiffusionKVCache", "DiffusionLM",
+    "DreamConfig", "DreamModel", "GenerationConfigError", "LLaDAConfig", "LLaDAModelLM", "TextResult",
+    "generate_text", "load_model", "load_tokenizer", "resolve_model_path",
+]
