@@ -313,3 +313,13 @@ def test_missing_mask_token_error_names_the_fix():
     with pytest.raises(CheckpointError, match="mask_token_id"):
         require_mask_token(model)
     assert require_mask_token(tiny_llada()) == MASK
+
+
+def test_device_map_through_accelerate(tmp_path):
+    model = tiny_dream()
+    model.save_pretrained(tmp_path)
+    for device_map in ("cpu", "auto", {"": "cpu"}):
+        loaded = load_model(tmp_path, device_map=device_map)
+        ids = _ids()
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+        assert {p.device.type for p in loaded.parameters()} == {"cpu"}
