@@ -288,12 +288,23 @@ class BranchParallelExecutor:
                 self._kill_workers()
                 raise
             self._owns_group = True
-        if model is None:
-            from dllm.loading import load_model
+        self._comm = None
+        try:
+            if model is None:
+                from dllm.loading import load_model
 
-            model = load_model(model_path, device=dev0, **load_kwargs)
-        self.model = model
-        self._comm = _Comm() if world_size > 1 else None
+                model = load_model(model_path, device=dev0, **load_kwargs)
+            self.model = model
+            self._comm = _Comm() if world_size > 1 else None
+        except BaseException:
+            self._comm = None
+            self._closed = True
+            self._kill_workers()
+            if self._owns_group and dist.is_initialized():
+                dist.destroy_process_group()
+            if self._tmp is not None:
+                shutil.rmtree(self._tmp, ignore_errors=True)
+            raise
 
     @classmethod
     def from_process_group(cls, model) -> "BranchParallelExecutor":

@@ -374,23 +374,22 @@ class _Books:
                 "lopa_commit_max_rel_diff": self.commit_diff}
 
 
-def _adopt(state: DecodeState, start: int, width: int, winners: torch.Tensor, looks: list) -> None:
+def _adopt(state: DecodeState, xc: torch.Tensor, start: int, width: int, winners: torch.Tensor, looks: list) -> None:
     """Write each row's winning lookahead token into the canvas (one commit for the batch)."""
     R = state.live
-    transfer = torch.zeros(R, width, dtype=torch.bool, device=state.x.device)
-    tokens = torch.zeros(R, width, dtype=state.x.dtype, device=state.x.device)
-    any_ = False
+    transfer = torch.zeros(R, width, dtype=torch.bool)
+    tokens = torch.zeros(R, width, dtype=state.x.dtype)
     for r in range(R):
         w = int(winners[r])
         if w > 0:
             off, tok, _ = looks[r][w - 1]
-            if not 0 <= off - start < width or int(state.x[r, off]) != state.mask_id:
+            if not 0 <= off - start < width or int(xc[r, off]) != state.mask_id:
                 raise RuntimeError("LoPA: a lookahead token lies outside its round's window or on a filled slot")
             transfer[r, off - start] = True
             tokens[r, off - start] = tok
-            any_ = True
-    if any_:
-        state.commit(start, transfer, tokens)
+    if bool(transfer.any()):
+        dev = state.x.device
+        state.commit(start, transfer.to(dev), tokens.to(dev))
 
 
 def _gather_rows(t: torch.Tensor, winners: torch.Tensor, rows: int) -> torch.Tensor:
@@ -419,14 +418,15 @@ def _decode_block_causal(model, state: DecodeState, gen) -> dict:
     try:
         while state.live:
             R = state.live
+            xc = state.x.cpu()  # block bookkeeping reads a host copy (no device sync per block)
             # 1-2: append / activate, per branch (the anchor in place, lookaheads on copies)
             slot_plans = [[None] * R for _ in range(G)]
             for r, plan in enumerate(plans):
                 base = _copy_plan(plan) if looks[r] else None
-                _append_activate(plan, state.x[r], cfg, mask_id)
+                _append_activate(plan, xc[r], cfg, mask_id)
                 slot_plans[0][r] = plan
                 for j, (pos, tok, _) in enumerate(looks[r], start=1):
-                    xr = state.x[r].clone()
+                    xr = xc[r].clone()
                     xr[pos] = tok
                     sp = _copy_plan(base)
                     sp.eos = sp.eos or (eos_id is not None and tok == eos_id)
@@ -439,6 +439,7 @@ def _decode_block_causal(model, state: DecodeState, gen) -> dict:
                 kl = keep.tolist()
                 plans, looks = [plans[i] for i in kl], [looks[i] for i in kl]
                 slot_plans = [[g[i] for i in kl] for g in slot_plans]
+                xc = xc[keep.cpu()]
                 ex.select_rows(keep)
                 if not state.live:
                     break
@@ -450,7 +451,7 @@ def _decode_block_causal(model, state: DecodeState, gen) -> dict:
                     if slot_plans[j][r] is None:
                         slot_plans[j][r] = plans[r]
             end = max(sp.end for g in slot_plans for sp in g)
-            X = state.x[:, :end].repeat(G, 1)
+            X = xc[:, :end].repeat(G, 1)
             valid = torch.zeros(G * R, dtype=torch.bool)
             creation = torch.ones(G * R, dtype=torch.float64)
             valid[:R] = True
@@ -483,7 +484,7 @@ def _decode_block_causal(model, state: DecodeState, gen) -> dict:
             for r in range(R):
                 books.winners[int(state.rows[r])].append(int(winners[r]))
             # adopt the winners: canvas (+ its extra token), block plan, logits
-            _adopt(state, start, end - start, winners, looks)
+            _adopt(state, xc, start, end - start, winners, looks)
             plans = [slot_plans[int(winners[r])][r] for r in range(R)]
             x0 = _gather_rows(res.x0, winners, R).to(state.x.device)
             conf = _gather_rows(res.conf, winners, R).to(state.x.device)
@@ -499,15 +500,16 @@ def _decode_block_causal(model, state: DecodeState, gen) -> dict:
                         take = select_best(conf[r: r + 1, s:e], cand)
                     transfer[r, s:e] |= take[0]
             state.commit(start, transfer, x0)
+            xc, tc = state.x.cpu(), transfer.cpu()
             if eos_id is not None:
                 for r, p in enumerate(plans):
-                    if bool((state.x[r, start:end][transfer[r]] == eos_id).any()):
+                    if bool((xc[r, start:end][tc[r]] == eos_id).any()):
                         p.eos = True
             # 7: retire finished blocks in order
             for r, p in enumerate(plans):
                 earlier_active = False
                 for b in p.blocks[1:]:
-                    if b.state == ACTIVE and not bool((state.x[r, b.start: b.end] == mask_id).any()) and not earlier_active:
+                    if b.state == ACTIVE and not bool((xc[r, b.start: b.end] == mask_id).any()) and not earlier_active:
                         b.state = TO_CACHE
                     earlier_active = earlier_active or b.state == ACTIVE
             keep = state.pop_finished()
@@ -563,6 +565,7 @@ def _decode_semi_ar(model, state: DecodeState, gen) -> dict:
                 if cfg.cache == "dual" and cfg.dual_cache_step_bound and i >= spb:
                     break
                 R = state.live
+                xc = state.x.cpu()
                 if cfg.cache == "none":
                     kind, end, keep_prefix = "full", T, None
                 elif i == 0:
@@ -571,7 +574,7 @@ def _decode_semi_ar(model, state: DecodeState, gen) -> dict:
                     kind, end, keep_prefix = "prefix", T, None
                 else:
                     kind, end, keep_prefix = "replace", e, None
-                X = state.x.repeat(G, 1)
+                X = xc.repeat(G, 1)
                 valid = torch.zeros(G * R, dtype=torch.bool)
                 creation = torch.ones(G * R, dtype=torch.float64)
                 valid[:R] = True
@@ -593,7 +596,7 @@ def _decode_semi_ar(model, state: DecodeState, gen) -> dict:
                 for r in range(R):
                     if bool(need[r]):
                         books.winners[int(state.rows[r])].append(int(winners[r]))
-                _adopt(state, s, B, winners, looks)
+                _adopt(state, xc, s, B, winners, looks)
                 x0 = _gather_rows(res.x0, winners, R).to(state.x.device)
                 conf = _gather_rows(res.conf, winners, R).to(state.x.device)
                 transfer = select_threshold(conf, state.masked(s, e), cfg.threshold)

@@ -53,8 +53,11 @@ class DiffusionGenerationConfig:
     decoded_token_threshold: float = 0.95  # tau_act
     skip_threshold: float = 0.9  # tau_conf (d2f: conf > tau; d3llm: entropy <= entropy_threshold)
     entropy_threshold: float = 0.5
-    # LoPA (lookahead branches on top of the base rule)
-    lopa_branches: int = 0
+    # LoPA (lookahead branches on top of the base rule; see docs/lopa.md)
+    lopa_branches: int = 0  # k lookahead branches; a round verifies k + 1 (k lookahead + the anchor)
+    lopa_alpha: float = 0.0  # score weight of the branch's creating-token confidence (reference alpha)
+    lopa_rho: float = 1.0  # score = mean of the lowest max(1, floor(rho * n)) remaining confidences
+    lopa_force_anchor: bool = False  # test switch: the anchor always wins (reproduces lopa_branches=0)
     # stopping and bookkeeping
     stop_at_eos: bool = True
     suppress_mask_token: bool = True  # never predict [MASK] (the references can, on untrained weights)
@@ -109,8 +112,11 @@ class DiffusionGenerationConfig:
             raise GenerationConfigError(f"eps must be in (0, 1), got {self.eps}")
         if self.entropy_threshold < 0:
             raise GenerationConfigError(f"entropy_threshold must be >= 0, got {self.entropy_threshold}")
-        if self.lopa_branches < 0:
-            raise GenerationConfigError(f"lopa_branches must be >= 0, got {self.lopa_branches}")
+        if not isinstance(self.lopa_branches, int) or isinstance(self.lopa_branches, bool) or self.lopa_branches < 0:
+            raise GenerationConfigError(f"lopa_branches must be an integer >= 0, got {self.lopa_branches!r}")
+        _unit_interval("lopa_alpha", self.lopa_alpha)
+        if not 0.0 < self.lopa_rho <= 1.0:
+            raise GenerationConfigError(f"lopa_rho must be in (0, 1], got {self.lopa_rho}")
         if self.cfg_scale > 0 and (self.strategy != "vanilla" or self.cache != "none"):
             raise GenerationConfigError("cfg_scale > 0 is supported by strategy='vanilla' with cache='none' only")
 
