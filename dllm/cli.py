@@ -74,6 +74,8 @@ def generate(
     temperature: Optional[float] = typer.Option(None, help="0 = greedy."),
     seed: Optional[int] = typer.Option(None, help="Seed for sampling."),
     lopa_branches: Optional[int] = typer.Option(None, "--lopa-branches", help="LoPA lookahead branches."),
+    branch_parallel: int = typer.Option(1, "--branch-parallel",
+                                        help="Evaluate LoPA branches on N local processes (torch.distributed)."),
     dtype: Optional[str] = typer.Option(None, help="float32, bfloat16 or float16."),
     device: Optional[str] = typer.Option(None, help="cpu, cuda, cuda:1, ..."),
     no_chat: bool = typer.Option(False, "--no-chat", help="Do not apply the chat template."),
@@ -97,7 +99,16 @@ def generate(
         if "max_new_tokens" in overrides and "block_length" not in overrides and cfg.block_length:
             if overrides["max_new_tokens"] % cfg.block_length:
                 overrides["block_length"] = overrides["max_new_tokens"]
-        result = generate_text(m, tok, prompt, chat=not no_chat, **overrides)[0]
+        if branch_parallel > 1:
+            from decoding.branch_parallel import run_branch_parallel
+
+            overrides.setdefault("strategy", "lopa")
+            result = run_branch_parallel(path, [prompt], cfg.replace(**overrides), world_size=branch_parallel,
+                                         chat=not no_chat, dtype=dtype, device=device)[0]
+        elif branch_parallel < 1:
+            raise ValueError("--branch-parallel must be >= 1")
+        else:
+            result = generate_text(m, tok, prompt, chat=not no_chat, **overrides)[0]
     except (CheckpointError, GenerationConfigError, StrategyError, ValueError) as err:
         _fail(str(err))
         return

@@ -51,3 +51,15 @@ def test_subcommands_mounted():
     _mount_subcommands()
     names = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
     assert {"generate", "bench", "train"} <= names
+
+
+def test_generate_branch_parallel_matches_single_process(tmp_path):
+    save_tiny_checkpoint(tmp_path, block_causal=True, block_size=8,
+                         generation_config=DiffusionGenerationConfig(strategy="d2f", max_new_tokens=16, block_length=8))
+    args = ["generate", "What is 2 + 3 ?", "--model", str(tmp_path), "--strategy", "lopa", "--lopa-branches", "2", "--json"]
+    single = CliRunner().invoke(app, args)
+    multi = CliRunner().invoke(app, args + ["--branch-parallel", "2"])
+    assert single.exit_code == 0 and multi.exit_code == 0, multi.output
+    a = json.loads(next(line for line in single.output.splitlines() if line.startswith("{")))
+    b = json.loads(next(line for line in multi.output.splitlines() if line.startswith("{")))
+    assert (a["text"], a["num_forwards"], a["generated_tokens"]) == (b["text"], b["num_forwards"], b["generated_tokens"])
