@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from decoding.loops.pipeline import ACTIVE, IN_CACHE, TO_CACHE, Block, RowPlan, _ratio
+from decoding.loops.pipeline import IN_CACHE, TO_CACHE, RowPlan
 from decoding.policies import select_above, select_best, select_threshold
 from decoding.runner import ModelRunner
 from decoding.sampling import llada_choice
@@ -336,24 +336,6 @@ def _check_commit_noop(digest: torch.Tensor, winners: torch.Tensor, rows: int, g
 
 
 # ----------------------------------------------------------------------------- the loop
-def _copy_plan(plan: RowPlan) -> RowPlan:
-    new = RowPlan.__new__(RowPlan)
-    new.blocks = [Block(b.start, b.end, b.state, b.complete) for b in plan.blocks]
-    new.eos = plan.eos
-    return new
-
-
-def _append_activate(plan: RowPlan, x_row: torch.Tensor, cfg, mask_id: int) -> None:
-    """D2F steps 1-2 for one branch (identical to ``decode_pipeline``)."""
-    last = plan.blocks[-1]
-    if (plan.generated_blocks < cfg.num_blocks and not plan.eos
-            and _ratio(x_row, last, mask_id, len(plan.blocks) == 1) >= cfg.block_add_threshold):
-        plan.blocks.append(Block(last.end, last.end + cfg.block_size, ACTIVE, False))
-    for i in range(len(plan.blocks) - 1):
-        if _ratio(x_row, plan.blocks[i], mask_id, i == 0) >= cfg.decoded_token_threshold:
-            plan.blocks[i + 1].complete = True
-
-
 def _settings(state: DecodeState, *, use_cache: bool, remasking: str) -> SlotSettings:
     cfg = state.cfg
     return SlotSettings(prompt_length=state.P, mask_id=state.mask_id, use_cache=use_cache,
@@ -422,15 +404,15 @@ def _decode_block_causal(model, state: DecodeState, gen) -> dict:
             # 1-2: append / activate, per branch (the anchor in place, lookaheads on copies)
             slot_plans = [[None] * R for _ in range(G)]
             for r, plan in enumerate(plans):
-                base = _copy_plan(plan) if looks[r] else None
-                _append_activate(plan, xc[r], cfg, mask_id)
+                base = plan.copy() if looks[r] else None
+                plan.append_and_activate(xc[r], cfg, mask_id)
                 slot_plans[0][r] = plan
                 for j, (pos, tok, _) in enumerate(looks[r], start=1):
                     xr = xc[r].clone()
                     xr[pos] = tok
-                    sp = _copy_plan(base)
+                    sp = base.copy()
                     sp.eos = sp.eos or (eos_id is not None and tok == eos_id)
-                    _append_activate(sp, xr, cfg, mask_id)
+                    sp.append_and_activate(xr, cfg, mask_id)
                     slot_plans[j][r] = sp
             # 3: rows whose anchor has nothing left to decode are finished
             finished = [not p.active() for p in plans]
@@ -507,11 +489,7 @@ def _decode_block_causal(model, state: DecodeState, gen) -> dict:
                         p.eos = True
             # 7: retire finished blocks in order
             for r, p in enumerate(plans):
-                earlier_active = False
-                for b in p.blocks[1:]:
-                    if b.state == ACTIVE and not bool((xc[r, b.start: b.end] == mask_id).any()) and not earlier_active:
-                        b.state = TO_CACHE
-                    earlier_active = earlier_active or b.state == ACTIVE
+                p.retire_finished(xc[r], mask_id)
             keep = state.pop_finished()
             if keep is not None:
                 kl = keep.tolist()
@@ -546,7 +524,6 @@ def _decode_semi_ar(model, state: DecodeState, gen) -> dict:
     B, P = cfg.block_size, state.P
     T = P + state.G
     spb = cfg.steps_per_block()
-    mask_id = state.mask_id
     factory = _EXECUTOR.get() or local_executor
     ex = factory(model, groups=G, key_valid=state.key_valid,
                  settings=_settings(state, use_cache=cfg.cache != "none", remasking=cfg.remasking), generator=gen, cfg=cfg)

@@ -76,8 +76,32 @@ class RowPlan:
     def active(self) -> list[Block]:
         return [b for b in self.blocks if b.state == ACTIVE]
 
+    def copy(self) -> "RowPlan":
+        new = RowPlan.__new__(RowPlan)
+        new.blocks = [Block(b.start, b.end, b.state, b.complete) for b in self.blocks]
+        new.eos = self.eos
+        return new
 
-def _ratio(x_row: torch.Tensor, block: Block, mask_id: int, prompt_block: bool) -> float:
+    def append_and_activate(self, x_row: torch.Tensor, cfg, mask_id: int) -> None:
+        """D2F steps 1-2: append a block once the last one is decoded to tau_add; activate at tau_act."""
+        last = self.blocks[-1]
+        if (self.generated_blocks < cfg.num_blocks and not self.eos
+                and decoded_ratio(x_row, last, mask_id, len(self.blocks) == 1) >= cfg.block_add_threshold):
+            self.blocks.append(Block(last.end, last.end + cfg.block_size, ACTIVE, False))
+        for i in range(len(self.blocks) - 1):
+            if decoded_ratio(x_row, self.blocks[i], mask_id, i == 0) >= cfg.decoded_token_threshold:
+                self.blocks[i + 1].complete = True
+
+    def retire_finished(self, x_row: torch.Tensor, mask_id: int) -> None:
+        """D2F step 7: a fully decoded block goes to the cache only when no earlier block is active."""
+        earlier_active = False
+        for b in self.blocks[1:]:
+            if b.state == ACTIVE and not earlier_active and not bool((x_row[b.start : b.end] == mask_id).any()):
+                b.state = TO_CACHE
+            earlier_active = earlier_active or b.state == ACTIVE
+
+
+def decoded_ratio(x_row: torch.Tensor, block: Block, mask_id: int, prompt_block: bool) -> float:
     if prompt_block:
         return 1.0
     span = x_row[block.start : block.end]
@@ -88,7 +112,6 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> d
     cfg = state.cfg
     d2f = cfg.strategy == "d2f"
     B, P = cfg.block_size, state.P
-    max_blocks = cfg.num_blocks
     runner = ModelRunner(model, prompt_length=P, key_valid=state.key_valid,
                          suppress_token=state.mask_id if cfg.suppress_mask_token else None)
     cache = model.allocate_cache(state.key_valid, prompt_length=P) if d2f else None
@@ -99,13 +122,7 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> d
     while state.live:
         # 1-2: append and activate, per row
         for r, plan in enumerate(plans):
-            last = plan.blocks[-1]
-            if (plan.generated_blocks < max_blocks and not plan.eos
-                    and _ratio(state.x[r], last, mask_id, len(plan.blocks) == 1) >= cfg.block_add_threshold):
-                plan.blocks.append(Block(last.end, last.end + B, ACTIVE, False))
-            for i in range(len(plan.blocks) - 1):
-                if _ratio(state.x[r], plan.blocks[i], mask_id, i == 0) >= cfg.decoded_token_threshold:
-                    plan.blocks[i + 1].complete = True
+            plan.append_and_activate(state.x[r], cfg, mask_id)
         # 3: rows with nothing left to decode are finished
         finished = torch.tensor([not p.active() for p in plans], dtype=torch.bool, device=state.x.device)
         if bool(finished.any()):
@@ -170,11 +187,7 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> d
                     p.eos = True
         # 7: retire finished blocks in order
         for r, p in enumerate(plans):
-            earlier_active = False
-            for b in p.blocks[1:]:
-                if b.state == ACTIVE and not bool((state.x[r, b.start : b.end] == mask_id).any()) and not earlier_active:
-                    b.state = TO_CACHE
-                earlier_active = earlier_active or b.state == ACTIVE
+            p.retire_finished(state.x[r], mask_id)
         keep = state.pop_finished()
         if keep is not None:
             plans = [plans[i] for i in keep.tolist()]
