@@ -24,6 +24,17 @@ class TextResult:
         return asdict(self)
 
 
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id rows -> left-padded ``input_ids`` and ``attention_mask`` (1 on real tokens)."""
+    length = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, r in enumerate(rows):
+        input_ids[i, length - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, length - len(r):] = 1
+    return input_ids, mask
+
+
 def encode_prompts(tokenizer, prompts: list[str], chat: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded ``input_ids`` and ``attention_mask`` for the prompts (chat template applied)."""
     rows = []
@@ -39,13 +50,7 @@ def encode_prompts(tokenizer, prompts: list[str], chat: bool = True) -> tuple[to
             raise ValueError("empty prompt")
         rows.append(list(ids))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    length = max(len(r) for r in rows)
-    input_ids = torch.full((len(rows), length), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), length), dtype=torch.long)
-    for i, r in enumerate(rows):
-        input_ids[i, length - len(r):] = torch.tensor(r)
-        mask[i, length - len(r):] = 1
-    return input_ids, mask
+    return left_pad(rows, pad)
 
 
 def completion_text(tokenizer, ids: list[int], eos_id: int | None, stop_strings=()) -> str:

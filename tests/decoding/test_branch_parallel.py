@@ -8,10 +8,15 @@ import pytest
 import torch
 
 from decoding import branch_parallel as bp
-from decoding.branch_parallel import BranchParallelExecutor, rank_groups, run_branch_parallel
+from decoding.branch_parallel import (
+    BranchParallelExecutor,
+    rank_groups,
+    run_branch_parallel,
+)
 from dllm.generation import DiffusionGenerationConfig, GenerationConfigError
 from dllm.loading import load_model
 from dllm.testing import PAD, tiny_llada
+from dllm.text import left_pad
 
 G, B = 16, 4
 PIPE = dict(block_add_threshold=0.25, decoded_token_threshold=0.5, skip_threshold=0.6)
@@ -34,12 +39,7 @@ def _cfg(**kw):
 
 def _prompts():
     rows = [torch.randint(0, 60, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (5, 8)]
-    L = max(len(r) for r in rows)
-    ids = torch.full((len(rows), L), PAD)
-    mask = torch.zeros(len(rows), L, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, L - len(r):] = torch.tensor(r)
-        mask[i, L - len(r):] = 1
+    ids, mask = left_pad(rows, PAD)
     return rows, ids, mask
 
 

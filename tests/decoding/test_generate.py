@@ -6,9 +6,10 @@ import pytest
 import torch
 from transformers.generation.streamers import BaseStreamer
 
+from decoding import StrategyError
 from dllm.generation import DiffusionGenerationConfig, GenerationConfigError
 from dllm.testing import EOS, MASK, PAD, tiny_dream, tiny_llada
-from decoding import StrategyError
+from dllm.text import left_pad
 
 G, B = 16, 4
 
@@ -96,13 +97,7 @@ def test_d2f_cache_is_exact(bc_model):
 
 
 def _left_pad(prompts):
-    L = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), L), PAD)
-    mask = torch.zeros(len(prompts), L, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, L - len(p):] = torch.tensor(p)
-        mask[i, L - len(p):] = 1
-    return ids, mask
+    return left_pad(prompts, PAD)
 
 
 STRATEGY_CASES = [

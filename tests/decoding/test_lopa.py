@@ -4,9 +4,15 @@ import pytest
 import torch
 
 from decoding.loops import lopa
-from decoding.loops.lopa import branch_scores, select_winners, top_lookaheads, use_branch_executor
+from decoding.loops.lopa import (
+    branch_scores,
+    select_winners,
+    top_lookaheads,
+    use_branch_executor,
+)
 from dllm.generation import DiffusionGenerationConfig, GenerationConfigError
 from dllm.testing import EOS, MASK, PAD, tiny_dream, tiny_llada
+from dllm.text import left_pad
 
 G, B = 16, 4
 PIPE = dict(block_add_threshold=0.25, decoded_token_threshold=0.5, skip_threshold=0.6)  # overlapping blocks
@@ -51,13 +57,7 @@ def _same(a, b):
 
 
 def _left_pad(prompts):
-    L = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), L), PAD)
-    mask = torch.zeros(len(prompts), L, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, L - len(p):] = torch.tensor(p)
-        mask[i, L - len(p):] = 1
-    return ids, mask
+    return left_pad(prompts, PAD)
 
 
 # ------------------------------------------------------------------------------- pure pieces

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from dllm.testing import MASK, tiny_llada
 
+
 # --------------------------------------------------------------------------- adapter
 class FastDLLMInterface:
     def __init__(self, model):
