@@ -62,6 +62,13 @@ def decode_semi_ar(model, state: DecodeState, gen: torch.Generator | None) -> di
     cache = None
     if cfg.cache != "none":
         cache = model.allocate_cache(state.key_valid, prompt_length=P)
+    # Block-causal models: finished blocks are cached exactly (their K/V depend only on the prefix)
+    # and a step feeds only the current block; the decoding block is the mask's block.
+    exact = model.is_block_causal and cfg.cache == "none" and cfg.cfg_scale == 0
+    mask_kw = {"block_size": B} if model.is_block_causal else {}
+    if exact:
+        cache = model.allocate_cache(state.key_valid, prompt_length=P)
+    cached_end = 0
     prompt_slots = (state.x[:, :P] != state.mask_id) & state.key_valid[:, :P]
     # The references run a fixed number of forwards per block (no early exit) without a cache.
     fixed_steps = strategy in ("vanilla", *DREAM_ALGS) and cfg.cache == "none"
@@ -84,16 +91,20 @@ def decode_semi_ar(model, state: DecodeState, gen: torch.Generator | None) -> di
             refresh = cache is None or i == 0 or (cfg.refresh_interval and i % cfg.refresh_interval == 0)
             if cfg.cfg_scale > 0:
                 logits = _cfg_logits(runner, state, prompt_slots, s, e, cfg.cfg_scale)
+            elif exact:
+                logits = runner.cached(state.x, start=cached_end, end=e, cache=cache, mode="prefix", **mask_kw)
+                logits = logits[:, s - cached_end:]
+                cached_end = s  # everything before the block is final: its K/V from this forward are exact
             elif cache is None:
-                logits = runner.full(state.x, logits_from=s)[:, :B]
+                logits = runner.full(state.x, logits_from=s, **mask_kw)[:, :B]
             elif refresh:
-                logits = runner.full(state.x, logits_from=s, cache=cache)[:, :B]
+                logits = runner.full(state.x, logits_from=s, cache=cache, **mask_kw)[:, :B]
                 if cfg.cache == "prefix":
                     cache.length = s  # keep the prefix only; the suffix is recomputed every step
             elif cfg.cache == "prefix":
-                logits = runner.cached(state.x, start=s, end=T, cache=cache, mode="prefix", logits_end=e)
+                logits = runner.cached(state.x, start=s, end=T, cache=cache, mode="prefix", logits_end=e, **mask_kw)
             else:
-                logits = runner.cached(state.x, start=s, end=e, cache=cache, mode="replace")
+                logits = runner.cached(state.x, start=s, end=e, cache=cache, mode="replace", **mask_kw)
             state.count_forward(None if fixed_steps else need)
             candidates = state.masked(s, e)
             x0, conf = _choose(strategy, logits, cfg, gen)

@@ -286,3 +286,13 @@ def test_batch_streamer_rows_and_cancellation(model, bc_model, strategy):
     assert out2.finish_reason[1] == "cancelled" and c.finished[1] == "cancelled"
     assert int(out2.num_forwards[1]) < int(out.num_forwards[1])
     assert torch.equal(out2.sequences[0], out.sequences[0])  # the other row is unaffected
+
+
+@pytest.mark.parametrize("strategy", ["threshold", "vanilla", "entropy"])
+def test_block_causal_models_use_the_exact_block_cache(bc_model, strategy):
+    """cache='none' on a block-causal model feeds only the current block against exactly cached blocks."""
+    p = _prompt(seed=15)
+    exact = _gen(bc_model, p, strategy=strategy, threshold=0.6, steps=G)
+    full = _gen(bc_model, p, strategy=strategy, threshold=0.6, steps=G, cache="prefix", refresh_interval=1)
+    assert torch.equal(exact.sequences, full.sequences)
+    assert torch.equal(exact.num_forwards, full.num_forwards) or strategy != "threshold"
