@@ -44,6 +44,13 @@ def _mount_subcommands() -> None:
     except ImportError:  # training extras missing: the command explains itself
         train_app = None
     if train_app is not None:
+        try:
+            from training.grpo_cli import grpo, grpo_report
+
+            train_app.command("grpo")(grpo)
+            train_app.command("grpo-report")(grpo_report)
+        except ImportError:
+            pass
         app.add_typer(train_app, name="train")
     try:
         from eval.bench_cli import bench

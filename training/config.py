@@ -30,6 +30,7 @@ class ModelSection:
     attention_policy: str | None = None  # override the checkpoint's (block-diffusion SFT: block_causal)
     block_size: int | None = None
     gradient_checkpointing: bool = False
+    dtype: str = "float32"  # weights as loaded; 7-8B recipes load bfloat16 (DeepSpeed keeps fp32 masters)
 
 
 @dataclass

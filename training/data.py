@@ -66,16 +66,25 @@ def collate(pairs: list[tuple[list[int], list[int]]], gen_length: int, pad_id: i
     return Batch(ids, attn, p, answer_mask, suites or [""] * b)
 
 
-def suite_texts(n_per_split: int = 2000, seed: int = 0) -> list[str]:
-    """Prompts and answers of ``n_per_split`` train and test examples of every suite (tokenizer vocabulary)."""
+def suite_texts(n_per_split: int = 1000, seed: int = 0) -> list[str]:
+    """Prompts and answers of up to ``n_per_split`` train and test examples of every suite
+    (the tokenizer's vocabulary); a split smaller than that contributes all it has."""
     from eval.tasks import get_suite, suite_names
 
     texts = []
     for name in suite_names():
         suite = get_suite(name)
         for split in ("train", "test"):
-            for ex in suite.examples(split, n_per_split, seed=seed):
-                texts += [ex.prompt, ex.answer]
+            n = n_per_split
+            while True:
+                try:
+                    exs = suite.examples(split, n, seed=seed)
+                    break
+                except ValueError:  # the split has fewer distinct problems than asked
+                    if n <= 1:
+                        raise
+                    n //= 2
+            texts += [t for ex in exs for t in (ex.prompt, ex.answer)]
     return texts
 
 

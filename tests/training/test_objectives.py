@@ -63,7 +63,7 @@ def test_sft_loss_matches_hand_computation():
                 expected += -float(logp) / float(p[i]) / int(lengths[i])
     expected /= b
     got = sft_loss(logits, targets, masked, p_mask, lengths)
-    assert math.isclose(float(got), expected, rel_tol=1e-5)
+    assert math.isclose(float(got.detach()), expected, rel_tol=1e-5)
 
 
 def test_sft_trainer_loss_uses_fixed_mask(monkeypatch, tokenizer):
@@ -89,7 +89,7 @@ def test_sft_trainer_loss_uses_fixed_mask(monkeypatch, tokenizer):
         logp = torch.log_softmax(logits[i, j], -1)[b.input_ids[i, j]]
         expected += -float(logp) / float(p[i]) / 4  # answer length 4 (EOS padding included)
     expected /= 2
-    assert math.isclose(float(got), expected, rel_tol=1e-5)
+    assert math.isclose(float(got.detach()), expected, rel_tol=1e-5)
 
 
 def test_monotonic_block_pmasks():

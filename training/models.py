@@ -1,0 +1,94 @@
+"""Where the weights and the tokenizer a trainer starts from come from, and how a run is exported."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from dllm.loading import load_model, resolve_model_path
+from dllm.modeling import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
+from dllm.tokenization import build_tokenizer, load_tokenizer, special_token_ids
+
+from .config import ModelSection
+
+
+def load_tokenizer_for(section: ModelSection):
+    """The tokenizer named in the recipe, else the checkpoint's, else one built from the task suites."""
+    if section.tokenizer:
+        return load_tokenizer(resolve_model_path(section.tokenizer))
+    if section.path:
+        path = resolve_model_path(section.path)
+        if not (path / "tokenizer.json").exists() and not (path / "tokenizer_config.json").exists():
+            raise FileNotFoundError(f"{path} has no tokenizer; set model.tokenizer to a tokenizer directory")
+        return load_tokenizer(path)
+    from .data import suite_texts
+
+    return build_tokenizer(suite_texts())
+
+
+def init_model(section: ModelSection, tokenizer, attention_policy: str | None = None,
+               block_size: int | None = None) -> torch.nn.Module:
+    """Load ``section.path`` or build a fresh model from ``section.config`` sized to the tokenizer."""
+    policy = attention_policy or section.attention_policy
+    bsz = block_size or section.block_size
+    if section.path:
+        model = load_model(section.path, attention_policy=policy, block_size=bsz, dtype=section.dtype)
+        return model.train()
+    cfg = dict(section.config)
+    model_type = cfg.pop("model_type", "llada")
+    ids = special_token_ids(tokenizer)
+    vocab = len(tokenizer)
+    if policy:
+        cfg["attention_policy"] = policy
+    if bsz:
+        cfg["block_size"] = bsz
+    if model_type == "llada":
+        cfg.setdefault("rope_theta", 10000.0)
+        cfg.setdefault("max_sequence_length", 512)
+        config = LLaDAConfig(vocab_size=vocab, embedding_size=vocab, **ids, **cfg)
+        model = LLaDAModelLM(config)
+    elif model_type == "Dream":
+        cfg.setdefault("rope_theta", 10000.0)
+        config = DreamConfig(vocab_size=vocab, bos_token_id=ids["eos_token_id"], **ids, **cfg)
+        model = DreamModel(config)
+    else:
+        raise ValueError(f"model.config.model_type={model_type!r}; valid: llada, Dream")
+    return model.train()
+
+
+def generation_defaults(tokenizer, max_new_tokens: int, block_size: int | None) -> dict:
+    """Decoding defaults shipped in ``generation_config.json`` under the ``"dllm"`` key (read by
+    ``model.generate``): Fast-dLLM threshold decoding for bidirectional models, the D2F pipeline
+    for block-causal ones, both over the canvas length the model was trained for."""
+    ids = special_token_ids(tokenizer)
+    if block_size:
+        fields = {"strategy": "d2f", "block_length": int(block_size)}
+    else:
+        block = 32 if max_new_tokens % 32 == 0 else None
+        fields = {"strategy": "threshold", "block_length": block}
+    fields.update(max_new_tokens=int(-(-max_new_tokens // (block_size or 1)) * (block_size or 1)),
+                  temperature=0.0, remasking="low_confidence", **ids)
+    try:  # validate against the generation config when the decoding package is present
+        from dllm.generation.config import FILE_KEY, DiffusionGenerationConfig
+
+        DiffusionGenerationConfig(**fields)
+        # only the fields we choose: the rest keep the library's defaults as they evolve
+        return {FILE_KEY: fields}
+    except ImportError:
+        return {"dllm": fields}
+
+
+def export_model(model, tokenizer, out_dir: Path, gen_defaults: dict, info: dict,
+                 state_dict: dict | None = None) -> Path:
+    """``save_pretrained`` (safetensors) + tokenizer + generation defaults + training info into ``out_dir``.
+
+    ``state_dict``: full weights gathered from a sharded (ZeRO-3) model, else the model's own.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out_dir), safe_serialization=True, state_dict=state_dict)
+    tokenizer.save_pretrained(str(out_dir))
+    (out_dir / "generation_config.json").write_text(json.dumps(gen_defaults, indent=2) + "\n")
+    (out_dir / "training_info.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    return out_dir

@@ -1,0 +1,120 @@
+"""Training objectives as pure tensor functions: noising and losses.
+
+* LLaDA SFT (GUIDELINES): t ~ U(0,1) per sample, p = (1 - eps) t + eps, every answer token masked
+  i.i.d. with p (never the prompt), CE on masked tokens divided by p, each row normalised by its
+  answer length (EOS padding included), averaged over the batch.
+* D2F (spec d2f-lopa §1): per-block mask ratios rising monotonically along the answer
+  (``generate_monotonic_pmasks``), and the asymmetric distillation loss: soft CE from the
+  bidirectional teacher's distribution to the block-causal student, / p_mask, mean over masked tokens.
+
+Random draws take an explicit ``torch.Generator`` (on the CPU, so a run is reproducible on any
+device and resumable from the generator's saved state).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _rand(shape, generator: torch.Generator | None, device) -> torch.Tensor:
+    return torch.rand(shape, generator=generator).to(device)
+
+
+def sft_noise(
+    input_ids: torch.Tensor,
+    answer_mask: torch.Tensor,
+    mask_id: int,
+    generator: torch.Generator | None = None,
+    eps: float = 1e-3,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(noisy ids, masked [b,l] bool, p_mask [b,l]): answer tokens masked i.i.d. with a per-row p."""
+    b, l = input_ids.shape
+    t = _rand((b,), generator, input_ids.device)
+    p = (1 - eps) * t + eps
+    p_mask = p[:, None].expand(b, l)
+    masked = (_rand((b, l), generator, input_ids.device) < p_mask) & answer_mask
+    noisy = torch.where(masked, torch.full_like(input_ids, mask_id), input_ids)
+    return noisy, masked, p_mask
+
+
+def sft_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    masked: torch.Tensor,
+    p_mask: torch.Tensor,
+    answer_lengths: torch.Tensor,
+) -> torch.Tensor:
+    """LLaDA SFT loss: sum over masked tokens of CE / p / answer_length(row), divided by the batch size.
+
+    ``logits`` [b, l, V] align with ``targets`` [b, l] (pass the answer columns only to save memory);
+    ``answer_lengths`` [b] counts each row's answer slots, EOS padding included.
+    """
+    b = targets.shape[0]
+    rows = torch.arange(b, device=targets.device)[:, None].expand_as(targets)[masked]
+    ce = F.cross_entropy(logits[masked].float(), targets[masked], reduction="none")
+    weight = 1.0 / (p_mask[masked].float() * answer_lengths[rows].float())
+    return (ce * weight).sum() / b
+
+
+def monotonic_block_pmasks(
+    num_rows: int,
+    num_blocks: int,
+    generator: torch.Generator | None = None,
+    low: float = 0.2,
+    high: float = 0.7,
+) -> torch.Tensor:
+    """[rows, blocks] non-decreasing mask ratios (D2F ``generate_monotonic_pmasks``).
+
+    p_1 ~ U[low, high); for k = 2..N, Δ_k ~ U[0, (high - p_1) / (N - 1)]; p_b = p_1 + Σ_{k<=b} Δ_k,
+    so p never exceeds ``high`` (clamped to 1 for safety).
+    """
+    p1 = low + (high - low) * torch.rand((num_rows, 1), generator=generator)
+    if num_blocks == 1:
+        return p1.clamp(max=1.0)
+    span = (high - p1) / (num_blocks - 1)
+    deltas = torch.rand((num_rows, num_blocks - 1), generator=generator) * span
+    return torch.cat([p1, p1 + deltas.cumsum(dim=1)], dim=1).clamp(max=1.0)
+
+
+def d2f_noise(
+    input_ids: torch.Tensor,
+    prompt_length: int,
+    block_size: int,
+    answer_mask: torch.Tensor,
+    mask_id: int,
+    generator: torch.Generator | None = None,
+    low: float = 0.2,
+    high: float = 0.7,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(noisy ids, masked, p_mask): answer slot s >= P masked with its block's ratio p_{(s-P)//B}."""
+    b, l = input_ids.shape
+    gen_len = l - prompt_length
+    n_blocks = max(1, -(-gen_len // block_size))
+    ratios = monotonic_block_pmasks(b, n_blocks, generator, low, high)  # [b, N]
+    block_of_slot = torch.arange(gen_len) // block_size
+    p_mask = torch.zeros((b, l))
+    p_mask[:, prompt_length:] = ratios[:, block_of_slot]
+    p_mask = p_mask.to(input_ids.device)
+    masked = (_rand((b, l), generator, input_ids.device) < p_mask) & answer_mask
+    noisy = torch.where(masked, torch.full_like(input_ids, mask_id), input_ids)
+    return noisy, masked, p_mask
+
+
+def soft_cross_entropy(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """-Σ_v softmax(teacher)_v log softmax(student)_v over the last dim (KL(teacher||student) + const)."""
+    teacher = F.softmax(teacher_logits.float(), dim=-1)
+    return -(teacher * F.log_softmax(student_logits.float(), dim=-1)).sum(-1)
+
+
+def distill_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    masked: torch.Tensor,
+    p_mask: torch.Tensor,
+) -> torch.Tensor:
+    """D2F loss: mean over masked tokens of soft-CE(teacher -> student) / p_mask (0 if nothing is masked)."""
+    if not bool(masked.any()):
+        return student_logits.sum() * 0.0
+    ce = soft_cross_entropy(student_logits[masked], teacher_logits[masked])
+    return (ce / p_mask[masked].float()).mean()
