@@ -42,6 +42,7 @@ class Block:
     end: int
     state: str
     complete: bool  # fully activated
+    done_at: int | None = None  # forwards so far when its last mask was filled (d3LLM's delayed cache)
 
 
 class RowPlan:
@@ -92,6 +93,23 @@ class RowPlan:
             if decoded_ratio(x_row, self.blocks[i], mask_id, i == 0) >= cfg.decoded_token_threshold:
                 self.blocks[i + 1].complete = True
 
+    def mark_done(self, x_row: torch.Tensor, mask_id: int, step: int) -> None:
+        for b in self.blocks[1:]:
+            if b.done_at is None and not bool((x_row[b.start : b.end] == mask_id).any()):
+                b.done_at = step
+
+    def stable_end(self, step: int, delay: int) -> int:
+        """End of the leading blocks that have been fully decoded for at least ``delay`` forwards."""
+        end = self.blocks[0].end
+        for b in self.blocks[1:]:
+            if b.done_at is None or step - b.done_at < delay:
+                break
+            end = b.end
+        return end
+
+    def stabilizing(self, step: int, delay: int) -> bool:
+        return any(b.done_at is not None and step - b.done_at < delay for b in self.blocks[1:])
+
     def retire_finished(self, x_row: torch.Tensor, mask_id: int) -> None:
         """D2F step 7: a fully decoded block goes to the cache only when no earlier block is active."""
         earlier_active = False
@@ -114,7 +132,10 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> d
     B, P = cfg.block_size, state.P
     runner = ModelRunner(model, prompt_length=P, key_valid=state.key_valid,
                          suppress_token=state.mask_id if cfg.suppress_mask_token else None)
-    cache = model.allocate_cache(state.key_valid, prompt_length=P) if d2f else None
+    # d3LLM with a cache: a finished block is cached `cache_delay` forwards after its last token, and
+    # a full forward refreshes everything while blocks stabilise or every `refresh_interval` forwards.
+    delayed = not d2f and cfg.cache != "none"
+    cache = model.allocate_cache(state.key_valid, prompt_length=P) if (d2f or delayed) else None
     plans = [RowPlan(P) for _ in range(state.live)]
     mask_id = state.mask_id
     steps = 0
@@ -146,7 +167,18 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> d
             key_valid = state.key_valid.clone()
             for r, p in enumerate(plans):
                 key_valid[r, p.end:] = False  # blocks a row has not appended are not part of its canvas
-            logits = runner.full(state.x[:, :end], logits_from=start, key_valid=key_valid)
+            if not delayed:
+                logits = runner.full(state.x[:, :end], logits_from=start, key_valid=key_valid)
+            else:
+                cache.key_valid = key_valid  # the same per-row canvas view for cached forwards
+                refresh = (cache.length == 0 or any(p.stabilizing(steps, cfg.cache_delay) for p in plans)
+                           or bool(cfg.refresh_interval and steps % cfg.refresh_interval == 0))
+                if refresh:
+                    logits = runner.full(state.x[:, :end], logits_from=start, cache=cache)
+                    cache.length = min(p.stable_end(steps, cfg.cache_delay) for p in plans)
+                else:  # the stable prefix is cached: feed only the rest
+                    c = cache.length
+                    logits = runner.cached(state.x, start=c, end=end, cache=cache, mode="prefix")[:, start - c:]
         steps += 1
         state.count_forward()
         for p in plans:
@@ -187,6 +219,7 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> d
                     p.eos = True
         # 7: retire finished blocks in order
         for r, p in enumerate(plans):
+            p.mark_done(state.x[r], mask_id, steps)
             p.retire_finished(state.x[r], mask_id)
         keep = state.pop_finished()
         if keep is not None:

@@ -53,6 +53,7 @@ class DiffusionGenerationConfig:
     decoded_token_threshold: float = 0.95  # tau_act
     skip_threshold: float = 0.9  # tau_conf (d2f: conf > tau; d3llm: entropy <= entropy_threshold)
     entropy_threshold: float = 0.5
+    cache_delay: int = 2  # d3llm with a cache: forwards a finished block waits before it is cached
     # LoPA (lookahead branches on top of the base rule; see docs/lopa.md)
     lopa_branches: int = 0  # k lookahead branches; a round verifies k + 1 (k lookahead + the anchor)
     lopa_alpha: float = 0.0  # score weight of the branch's creating-token confidence (reference alpha)
@@ -110,6 +111,8 @@ class DiffusionGenerationConfig:
             raise GenerationConfigError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
         if not 0 < self.eps < 1:
             raise GenerationConfigError(f"eps must be in (0, 1), got {self.eps}")
+        if not isinstance(self.cache_delay, int) or self.cache_delay < 0:
+            raise GenerationConfigError(f"cache_delay must be an integer >= 0, got {self.cache_delay!r}")
         if self.entropy_threshold < 0:
             raise GenerationConfigError(f"entropy_threshold must be >= 0, got {self.entropy_threshold}")
         if not isinstance(self.lopa_branches, int) or isinstance(self.lopa_branches, bool) or self.lopa_branches < 0:

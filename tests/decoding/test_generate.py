@@ -296,3 +296,20 @@ def test_block_causal_models_use_the_exact_block_cache(bc_model, strategy):
     full = _gen(bc_model, p, strategy=strategy, threshold=0.6, steps=G, cache="prefix", refresh_interval=1)
     assert torch.equal(exact.sequences, full.sequences)
     assert torch.equal(exact.num_forwards, full.num_forwards) or strategy != "threshold"
+
+
+@pytest.mark.parametrize("kw", [{"refresh_interval": 1}, {"cache_delay": 10_000}])
+def test_d3llm_delayed_cache_refreshing_every_step_equals_no_cache(model, kw):
+    p = _prompt(seed=16)
+    ref = _gen(model, p, strategy="d3llm", entropy_threshold=1.0)
+    out = _gen(model, p, strategy="d3llm", entropy_threshold=1.0, cache="prefix", **kw)
+    assert torch.equal(out.sequences, ref.sequences) and torch.equal(out.num_forwards, ref.num_forwards)
+
+
+def test_d3llm_delayed_cache_runs_batched(model):
+    """The cache is approximate and its refreshes are shared by the batch, so only completion is asserted."""
+    prompts = [_prompt(1, n, seed=n)[0].tolist() for n in (5, 9)]
+    ids, mask = _left_pad(prompts)
+    out = _gen(model, ids, attention_mask=mask, strategy="d3llm", entropy_threshold=1.0, cache="prefix",
+               cache_delay=1, refresh_interval=4)
+    assert bool((out.step_map >= 1).all()) and out.finish_reason == ["length", "length"]
