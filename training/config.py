@@ -88,6 +88,7 @@ class SFTConfig(TrainConfig):
 
     run_dir: str = "runs/sft"
     mask_eps: float = 1e-3
+    full_mask_prob: float = 0.0  # extra, not LLaDA: fraction of rows with the whole answer masked (p = 1)
 
 
 @dataclass

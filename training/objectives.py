@@ -27,11 +27,19 @@ def sft_noise(
     mask_id: int,
     generator: torch.Generator | None = None,
     eps: float = 1e-3,
+    full_mask_prob: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(noisy ids, masked [b,l] bool, p_mask [b,l]): answer tokens masked i.i.d. with a per-row p."""
+    """(noisy ids, masked [b,l] bool, p_mask [b,l]): answer tokens masked i.i.d. with a per-row p.
+
+    ``full_mask_prob`` > 0 (not LLaDA; off by default) sets p = 1 for that fraction of rows: the
+    fully masked canvas every sampler starts from is where a small model learns to read the prompt,
+    and low-p rows alone teach it to lean on neighbouring answer tokens instead.
+    """
     b, l = input_ids.shape
     t = _rand((b,), generator, input_ids.device)
     p = (1 - eps) * t + eps
+    if full_mask_prob > 0:  # drawn only when enabled, so the LLaDA path's random stream is unchanged
+        p = torch.where(_rand((b,), generator, input_ids.device) < full_mask_prob, torch.ones_like(p), p)
     p_mask = p[:, None].expand(b, l)
     masked = (_rand((b, l), generator, input_ids.device) < p_mask) & answer_mask
     noisy = torch.where(masked, torch.full_like(input_ids, mask_id), input_ids)

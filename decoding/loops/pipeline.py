@@ -79,7 +79,7 @@ class RowPlan:
 
     def copy(self) -> "RowPlan":
         new = RowPlan.__new__(RowPlan)
-        new.blocks = [Block(b.start, b.end, b.state, b.complete) for b in self.blocks]
+        new.blocks = [Block(b.start, b.end, b.state, b.complete, b.done_at) for b in self.blocks]
         new.eos = self.eos
         return new
 
