@@ -1,0 +1,92 @@
+"""``dllm serve``: the OpenAI-compatible server (mounted by ``dllm.cli`` when FastAPI is installed)."""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def serve(
+    model: str = typer.Option("tiny-d2f", "--model", "-m", help="tiny, tiny-d2f, or a local checkpoint directory."),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind (loopback by default; 0.0.0.0 exposes it)."),
+    port: int = typer.Option(8000, help="TCP port."),
+    api_key: str | None = typer.Option(None, "--api-key", envvar="DLLM_API_KEY",
+                                       help="Require 'Authorization: Bearer KEY' on /v1/* (env DLLM_API_KEY)."),
+    served_model_name: str | None = typer.Option(None, "--served-model-name",
+                                                 help="Model id clients send (default: --model as given)."),
+    max_batch_size: int = typer.Option(8, "--max-batch-size", help="Most rows decoded together in one generate call."),
+    max_queue: int = typer.Option(256, "--max-queue", help="Most waiting requests; more get 503 + Retry-After."),
+    batch_wait_ms: float = typer.Option(10.0, "--batch-wait-ms",
+                                        help="Before a batch that is not full, wait until no request arrived for this "
+                                             "long (and at most 10x this for the clients of the last batch)."),
+    stream_interval_ms: float = typer.Option(20.0, "--stream-interval-ms",
+                                             help="Send new text every decoding step, or every this many ms when "
+                                                  "steps are faster (first text and row ends: a quarter of it)."),
+    max_tokens_cap: int = typer.Option(1024, "--max-tokens-cap", help="Largest max_tokens a request may ask for."),
+    max_prompt_tokens: int = typer.Option(4096, "--max-prompt-tokens", help="Longer prompts get 413."),
+    max_body_bytes: int = typer.Option(1 << 20, "--max-body-bytes", help="Larger request bodies get 413."),
+    branch_parallel: int = typer.Option(1, "--branch-parallel",
+                                        help="Ranks evaluating LoPA branches: this process + N-1 spawned workers."),
+    dtype: str | None = typer.Option(None, help="float32, bfloat16 or float16."),
+    device: str | None = typer.Option(None, help="cpu, cuda, cuda:1, ..."),
+    num_threads: int | None = typer.Option(None, "--num-threads", help="torch CPU threads (default: torch's)."),
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
+) -> None:
+    """Serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming, metrics)."""
+    try:
+        import uvicorn
+    except ImportError:
+        _fail("the server needs the serving extras: pip install 'dllm[serving]'")
+        return
+    from dllm.loading import CheckpointError
+
+    from .api import ModelBundle, create_app, load_bundle
+    from .branch import BranchParallelUnavailable, start_executor
+    from .settings import ServerSettings
+
+    try:
+        settings = ServerSettings(model=model, served_model_name=served_model_name, host=host, port=port,
+                                  api_key=api_key, max_batch_size=max_batch_size, max_queue=max_queue,
+                                  batch_wait_ms=batch_wait_ms, stream_interval_ms=stream_interval_ms,
+                                  max_tokens_cap=max_tokens_cap,
+                                  max_prompt_tokens=max_prompt_tokens, max_body_bytes=max_body_bytes,
+                                  branch_parallel=branch_parallel, dtype=dtype, device=device)
+    except ValueError as err:
+        _fail(str(err))
+        return
+    if num_threads is not None:
+        import torch
+
+        torch.set_num_threads(num_threads)
+    generate_fn = None
+    executor = None
+    try:
+        if branch_parallel > 1:
+            from dllm.loading import resolve_model_path
+
+            # Ranks 1..N-1 are spawned processes with their own replica; this process is rank 0.
+            executor = start_executor(resolve_model_path(model), branch_parallel, dtype=dtype, device=device,
+                                      num_threads=num_threads)
+            generate_fn = executor.generate
+        bundle: ModelBundle = load_bundle(settings, model=executor.model if executor else None)
+    except (BranchParallelUnavailable, CheckpointError, ValueError, OSError, RuntimeError) as err:
+        if executor is not None:
+            executor.close()
+        _fail(str(err))
+        return
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        typer.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    app = create_app(settings, model=bundle.model, tokenizer=bundle.tokenizer, generate_fn=generate_fn)
+    typer.echo(f"serving {settings.model_name!r} on http://{host}:{port}/v1 (batch {max_batch_size}, queue {max_queue})")
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10)
+    finally:
+        if executor is not None:
+            executor.close()

@@ -1,0 +1,69 @@
+"""``ServerSettings``: every knob of ``dllm serve`` in one frozen dataclass (the CLI fills it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Server limits and scheduling.
+
+    Parameters:
+        model: ``tiny``, ``tiny-d2f`` or a checkpoint directory with tokenizer files.
+        served_model_name: the id clients send as ``model`` (default: ``model`` as given).
+        host / port: where to listen; loopback unless told otherwise.
+        api_key: when set, ``/v1/*`` needs ``Authorization: Bearer <api_key>``.
+        max_batch_size: most rows (sequences) in one ``generate`` call.
+        max_queue: most requests waiting for a batch; one more gets 503 + ``Retry-After``.
+        batch_wait_ms: before starting a batch that is not full, the scheduler waits until no request
+            arrived for this long; and after a batch it waits (at most ``10 x`` this) for as many
+            requests as that batch had (closed-loop clients send their next request at once).
+        stream_interval_ms: new text is handed to the responses after every decoding step, or every
+            this many ms when steps are faster (a row's first text and its end go out at once).
+        max_body_bytes: request bodies above this get 413.
+        max_prompt_tokens: prompts above this (per prompt) get 413.
+        max_tokens_cap: most generated tokens a request may ask for (the canvas cap); above it: 400.
+        max_n / max_prompts / max_rows_per_request: fan-out caps (``n``, prompt lists, n x prompts).
+        max_stop / max_stop_length: how many stop strings, and how long each.
+        branch_parallel: processes evaluating LoPA branches (needs the decoding executor).
+        dtype / device: how to load the model.
+    """
+
+    model: str = "tiny-d2f"
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_batch_size: int = 8
+    max_queue: int = 256
+    batch_wait_ms: float = 10.0
+    stream_interval_ms: float = 20.0
+    max_body_bytes: int = 1 << 20
+    max_prompt_tokens: int = 4096
+    max_tokens_cap: int = 1024
+    max_n: int = 16
+    max_prompts: int = 32
+    max_rows_per_request: int = 64
+    max_stop: int = 16
+    max_stop_length: int = 256
+    branch_parallel: int = 1
+    dtype: str | None = None
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_queue", "max_body_bytes", "max_prompt_tokens", "max_tokens_cap",
+                     "max_n", "max_prompts", "max_rows_per_request", "max_stop", "max_stop_length",
+                     "branch_parallel"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("batch_wait_ms", "stream_interval_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model

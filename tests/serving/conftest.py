@@ -1,0 +1,43 @@
+"""Live servers for the serving tests: a tiny random checkpoint, uvicorn in a thread, loopback only."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from serving.api import create_app, load_bundle
+from serving.settings import ServerSettings
+from serving.testing import TEST_MODEL as MODEL
+from serving.testing import build_checkpoint, running_server
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory):
+    return build_checkpoint(tmp_path_factory.mktemp("serving-ckpt"))
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    # One intra-op thread: the tests share 2 CPUs with other work, and OpenMP spin-waiting under
+    # contention makes every tiny matmul ~100x slower.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def serve(one_thread):
+    """``with serve(checkpoint, **settings) as (url, app):`` runs a live server."""
+
+    @contextlib.contextmanager
+    def _serve(path, **overrides):
+        settings = ServerSettings(model=str(path), served_model_name=MODEL, **overrides)
+        bundle = load_bundle(settings)
+        app = create_app(settings, model=bundle.model, tokenizer=bundle.tokenizer)
+        with running_server(app) as url:
+            yield url, app
+
+    return _serve

@@ -1,0 +1,99 @@
+"""Property-based fuzzing of the request schema: no input makes the server answer 5xx."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from serving.testing import TEST_MODEL as MODEL
+
+FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "seed",
+          "stop", "stream", "stream_options", "echo", "logprobs", "best_of", "suffix", "user", "presence_penalty",
+          "frequency_penalty", "logit_bias", "tools", "response_format", "top_logprobs", "strategy", "threshold",
+          "block_length", "cache", "steps", "factor", "block_add_threshold", "decoded_token_threshold",
+          "skip_threshold", "entropy_threshold", "lopa_branches", "lopa_alpha", "lopa_rho", "remasking", "refresh_interval",
+          "cache_delay", "top_k"]
+
+scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.integers(-3, 40)
+           | st.floats(allow_nan=False, allow_infinity=False) | st.floats(-1, 3)
+           | st.text(max_size=12) | st.sampled_from(["threshold", "d2f", "lopa", "vanilla", "factor", "entropy",
+                                                     "d3llm", "dual", "prefix", "none", "random", MODEL, "hi"]))
+json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
+                           | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "developer", "x"]),
+                                           "content": st.text(max_size=20) | json_values}), max_size=3)
+prompts = (st.text(max_size=30) | st.lists(st.text(max_size=10), max_size=3)
+           | st.lists(st.integers(-5, 200), max_size=6) | st.lists(st.lists(st.integers(0, 120), max_size=4), max_size=3))
+special = {"messages": messages | json_values, "prompt": prompts | json_values,
+           "model": st.just(MODEL) | st.text(max_size=8) | json_values,
+           "max_tokens": st.integers(-2, 40) | json_values}
+bodies = st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=8).flatmap(
+    lambda d: st.fixed_dictionaries({k: special.get(k, json_values) for k in d} if d else {}))
+plausible = st.fixed_dictionaries(
+    {"model": st.just(MODEL), "prompt": prompts, "messages": messages},
+    optional={k: special.get(k, json_values) for k in FIELDS if k not in ("model", "prompt", "messages")})
+
+unit = st.floats(0, 1)
+in_range = {  # values that mostly pass validation, so decoding itself gets fuzzed too
+    "strategy": st.sampled_from(["threshold", "vanilla", "factor", "entropy", "margin", "maskgit_plus", "d3llm",
+                                 "lopa", "d2f"]),
+    "threshold": unit, "skip_threshold": unit, "block_add_threshold": unit, "decoded_token_threshold": unit,
+    "entropy_threshold": st.floats(0, 5), "factor": st.floats(0.01, 4), "cache": st.sampled_from(["none", "prefix", "dual"]),
+    "block_length": st.sampled_from([1, 2, 3, 4, 8, 16]), "steps": st.integers(1, 16), "lopa_branches": st.integers(0, 4),
+    "lopa_alpha": unit, "lopa_rho": st.floats(0.01, 1),
+    "remasking": st.sampled_from(["low_confidence", "random"]), "refresh_interval": st.integers(1, 4),
+    "cache_delay": st.integers(0, 4),
+    "top_k": st.integers(1, 500), "temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1), "n": st.integers(1, 3),
+    "seed": st.integers(0, 2**64 - 1), "max_tokens": st.integers(1, 16), "stop": st.text(max_size=3) | st.lists(st.text(max_size=3), max_size=3),
+    "stream": st.booleans(), "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+    "echo": st.booleans(),
+}
+sane = st.fixed_dictionaries({"model": st.just(MODEL), "prompt": st.text(min_size=1, max_size=20),
+                              "messages": st.lists(st.fixed_dictionaries({"role": st.just("user"),
+                                                                          "content": st.text(max_size=20)}),
+                                                   min_size=1, max_size=2)},
+                             optional=in_range)
+
+
+@pytest.fixture(scope="module")
+def client(serve, checkpoint):
+    # small caps keep every accepted request cheap
+    with serve(checkpoint, max_tokens_cap=16, max_n=4, max_rows_per_request=8, max_body_bytes=4096) as (url, _app), \
+            httpx.Client(base_url=url, timeout=60) as c:
+        yield c
+
+
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def _check(r: httpx.Response) -> None:
+    assert r.status_code < 500, (r.status_code, r.text[:500])
+    if r.status_code >= 400:
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"}
+    elif r.headers["content-type"].startswith("text/event-stream"):
+        events = [line for line in r.text.split("\n\n") if line]
+        assert events[-1] == "data: [DONE]"
+        for e in events[:-1]:
+            payload = json.loads(e[len("data: "):])
+            # an error found only once decoding ran arrives in the stream; it must still be the user's error
+            assert payload.get("error", {}).get("type", "invalid_request_error") == "invalid_request_error", e
+
+
+@FUZZ
+@given(body=bodies | plausible | sane, chat=st.booleans())
+def test_fuzzed_bodies_never_5xx(client, body, chat):
+    _check(client.post("/v1/chat/completions" if chat else "/v1/completions", json=body))
+
+
+@FUZZ
+@given(raw=st.binary(max_size=64) | st.text(max_size=64).map(str.encode), chat=st.booleans())
+def test_fuzzed_raw_bytes_never_5xx(client, raw, chat):
+    r = client.post("/v1/chat/completions" if chat else "/v1/completions", content=raw,
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
