@@ -44,7 +44,7 @@ def generate(
         if bool((attention_mask[:, -1] == 0).any()):
             raise GenerationConfigError("prompts must be left-padded (attention_mask ends with 1 on every row)")
     strategy = get_strategy(cfg.strategy)
-    check_compatible(strategy, model)
+    check_compatible(strategy, model, cfg)
     mask_id, eos_id = resolve_special_ids(model, cfg, tokenizer)
     if cfg.stop_strings and tokenizer is None:
         raise GenerationConfigError("stop_strings need the tokenizer: pass tokenizer= to generate")

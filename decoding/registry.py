@@ -55,10 +55,18 @@ def get_strategy(name: str) -> Strategy:
     return STRATEGIES[name]
 
 
-def check_compatible(strategy: Strategy, model) -> None:
+def check_compatible(strategy: Strategy, model, cfg=None) -> None:
+    """Fail before any forward if the strategy cannot run on this model with these settings."""
     if strategy.requires == "block_causal" and not model.is_block_causal:
         raise StrategyError(
             f"strategy {strategy.name!r} needs a block-causal model (config attention_policy='block_causal', "
             "e.g. --model tiny-d2f); this model is bidirectional. Use 'threshold' with cache='dual', or load "
             "the checkpoint with attention_policy='block_causal' and block_size=N"
+        )
+    if cfg is not None and strategy.name == "lopa" and not model.is_block_causal and cfg.refresh_interval:
+        from dllm.generation.config import GenerationConfigError
+
+        raise GenerationConfigError(
+            "strategy='lopa' on a bidirectional model does not support refresh_interval: a refresh in the middle of "
+            "a block would bake one branch's lookahead token into every slot's cache"
         )

@@ -10,13 +10,17 @@ import torch
 import torch.nn.functional as F
 
 
+# Temperatures this small are greedy: dividing by them overflows to NaN probabilities.
+GREEDY_BELOW = 1e-5
+
+
 def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
     """LLaDA's float64 Gumbel-max: argmax(exp(l) / (-log U)^T) is an exact sample of softmax(l / T).
 
     float64 on purpose: low-precision Gumbel noise measurably hurts masked-diffusion sampling
     (arXiv:2409.02908). At temperature 0 this is a plain argmax.
     """
-    if temperature == 0:
+    if temperature < GREEDY_BELOW:
         return logits.argmax(-1)
     l64 = logits.double()
     u = torch.rand(l64.shape, dtype=torch.float64, device=l64.device, generator=generator)
@@ -82,11 +86,12 @@ def dream_choice(
     ``maskgit_plus``: probability of the chosen token; ``margin``: top1 - top2 probability;
     ``entropy``: negative entropy sum(p log p) (higher = more certain).
     """
-    if temperature > 0:
+    sample = temperature >= GREEDY_BELOW
+    if sample:
         logits = logits / temperature
     logits = filter_top_p_top_k(logits, top_p, top_k)
     probs = torch.softmax(logits.float(), dim=-1)
-    if temperature > 0:
+    if sample:
         flat = probs.reshape(-1, probs.shape[-1])
         x0 = torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
         conf = torch.gather(probs, -1, x0[..., None]).squeeze(-1)

@@ -179,7 +179,7 @@ class DecodeState:
             self.out_step_map[orig] = self.step_map[r]
             self.finish_reason[orig] = row_reason
             if self.batch_streamer is not None:
-                self.batch_streamer.end_row(orig, row_reason)
+                self.batch_streamer.end_row(orig, row_reason, num_forwards=int(self.nfe[r]))
         keep = (~done).nonzero().flatten()
         self.x = self.x[keep]
         self.key_valid = self.key_valid[keep]

@@ -16,8 +16,8 @@ class BatchStreamer:
     def put_row(self, row: int, token_ids: list[int]) -> None:
         """New final tokens of ``row`` (EOS and anything after it are never sent)."""
 
-    def end_row(self, row: int, finish_reason: str) -> None:
-        """``row`` is finished; no more tokens will come."""
+    def end_row(self, row: int, finish_reason: str, num_forwards: int | None = None) -> None:
+        """``row`` is finished; no more tokens will come. ``num_forwards``: the forwards it took."""
 
     def cancelled_rows(self) -> set[int]:
         """Rows whose work should stop now (they finish with reason ``"cancelled"``)."""
@@ -31,10 +31,12 @@ class CollectingBatchStreamer(BatchStreamer):
         self.tokens: dict[int, list[int]] = {}
         self.chunks: dict[int, int] = {}
         self.finished: dict[int, str] = {}
+        self.forwards: dict[int, int | None] = {}
 
     def put_row(self, row: int, token_ids: list[int]) -> None:
         self.tokens.setdefault(row, []).extend(token_ids)
         self.chunks[row] = self.chunks.get(row, 0) + 1
 
-    def end_row(self, row: int, finish_reason: str) -> None:
+    def end_row(self, row: int, finish_reason: str, num_forwards: int | None = None) -> None:
         self.finished[row] = finish_reason
+        self.forwards[row] = num_forwards

@@ -165,7 +165,7 @@ class _Streamer(BatchStreamer):
         self._urgent = True
         if "num_forwards" in stats:  # decoders that report per-row stats at once
             r.num_forwards = int(stats["num_forwards"])
-            self.engine._report(r)
+            self.engine._report(r, self._buffer)  # buffered: it must follow the row's last delta and finish
 
     def cancelled_rows(self) -> set[int]:
         # Called once per commit, right after the step's put_row calls. The text goes to the event
@@ -412,7 +412,7 @@ class Engine:
             else:
                 self.metrics.generation_tokens.inc(r.completion_tokens)
 
-    def _report(self, r: Row) -> None:
+    def _report(self, r: Row, buffer: list | None = None) -> None:
         """The row's forward count is known: send its stats."""
         if r.reported:
             return
@@ -424,7 +424,11 @@ class Engine:
             self.metrics.forwards.observe(nfe)
             if nfe:
                 self.metrics.tpf.observe(tokens / nfe)
-        r.request._emit(Event("stats", r.index, finish_reason=r.finish_reason, info=info))
+        ev = Event("stats", r.index, finish_reason=r.finish_reason, info=info)
+        if buffer is not None:
+            buffer.append((r.request, ev))
+        else:
+            r.request._emit(ev)
 
     def _fail(self, batch: list[EngineRequest], error: ServingError) -> None:
         for req in batch:

@@ -74,7 +74,6 @@ from decoding.policies import select_above, select_best, select_threshold
 from decoding.runner import ModelRunner
 from decoding.sampling import llada_choice
 from decoding.state import DecodeState
-from dllm.generation.config import GenerationConfigError
 from dllm.modeling import DiffusionKVCache
 
 NEG_INF = float("-inf")
@@ -513,12 +512,7 @@ def _decode_block_causal(model, state: DecodeState, gen) -> dict:
 
 
 def _decode_semi_ar(model, state: DecodeState, gen) -> dict:
-    cfg = state.cfg
-    if cfg.refresh_interval:
-        raise GenerationConfigError(
-            "strategy='lopa' on a bidirectional model does not support refresh_interval: a refresh in the middle of "
-            "a block would bake one branch's lookahead token into every slot's cache"
-        )
+    cfg = state.cfg  # refresh_interval is rejected up front by registry.check_compatible
     K = cfg.lopa_branches
     G = K + 1
     B, P = cfg.block_size, state.P
