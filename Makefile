@@ -25,7 +25,7 @@ demo: install-demo
 	$(VPY) -m dllm.demo
 
 test: install-test
-	$(VPY) -m pytest -q -m "not gpu" tests
+	$(VPY) -m pytest -q -m "not gpu" --durations=10 tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
