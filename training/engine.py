@@ -198,6 +198,10 @@ class Trainer:
 
         if cfg.resume and existing is not None:
             accelerator.load_state(str(existing))
+            # LambdaLR restores its lambda's fields from the checkpoint; the recipe's schedule (e.g. a
+            # new max_steps given on resume) wins. Same recipe: the same schedule, so still bit-identical.
+            scheduler.lr_lambdas = [LRSchedule(o.schedule, o.warmup_steps, cfg.max_steps, o.min_lr_ratio)
+                                    for _ in scheduler.lr_lambdas]
         last_good = existing if cfg.resume else None
         if main:
             run_dir.mkdir(parents=True, exist_ok=True)

@@ -132,3 +132,17 @@ def test_sigterm_saves_a_valid_checkpoint_and_exits_cleanly(tmp_path):
     # and it resumes
     cfg = load_config(SFTConfig, None, micro_overrides(run, max_steps=step + 1, resume="true"))
     assert SFTTrainer(cfg).run().step == step + 1
+
+
+def test_resume_with_more_steps_follows_the_new_schedule(tmp_path):
+    import csv
+
+    from training.engine import LRSchedule
+
+    SFTTrainer(load_config(SFTConfig, None, micro_overrides(tmp_path / "run", max_steps=4))).run()
+    longer = load_config(SFTConfig, None, micro_overrides(tmp_path / "run", max_steps=8, resume="true"))
+    assert SFTTrainer(longer).run().step == 8
+    rows = {int(r["step"]): float(r["lr"]) for r in csv.DictReader((tmp_path / "run" / "metrics.csv").open())}
+    sched = LRSchedule("cosine", 2, 8, 0.1)
+    for step in (6, 8):  # lr logged after `step` updates = base lr x schedule(step)
+        assert abs(rows[step] - 1e-3 * sched(step)) < 1e-9
