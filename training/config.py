@@ -89,6 +89,7 @@ class SFTConfig(TrainConfig):
     run_dir: str = "runs/sft"
     mask_eps: float = 1e-3
     full_mask_prob: float = 0.0  # extra, not LLaDA: fraction of rows with the whole answer masked (p = 1)
+    t_min: float = 0.0  # extra, not LLaDA: t ~ U(t_min, 1)
 
 
 @dataclass

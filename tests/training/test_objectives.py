@@ -135,3 +135,16 @@ def test_distill_loss_matches_hand_computation():
            for i, j in zip(*torch.nonzero(masked, as_tuple=True))]
     assert math.isclose(float(same), sum(ent) / len(ent), rel_tol=1e-5)
     assert float(distill_loss(s, t, torch.zeros_like(masked), p_mask)) == 0.0
+
+
+def test_sft_noise_options_default_to_llada():
+    b = _batch()
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    a = sft_noise(b.input_ids, b.answer_mask, MASK, g1)
+    c = sft_noise(b.input_ids, b.answer_mask, MASK, g2, 1e-3, 0.0, 0.0)
+    assert all(torch.equal(x, y) for x, y in zip(a, c))
+    g = torch.Generator().manual_seed(6)
+    ps = torch.cat([sft_noise(b.input_ids, b.answer_mask, MASK, g, t_min=0.5)[2][:, 0] for _ in range(200)])
+    assert ps.min() >= 0.5
+    ps = torch.cat([sft_noise(b.input_ids, b.answer_mask, MASK, g, full_mask_prob=0.5)[2][:, 0] for _ in range(200)])
+    assert 0.3 < float((ps == 1).float().mean()) < 0.7
