@@ -14,7 +14,7 @@ from dllm.modeling import DiffusionKVCache
 
 
 class ModelRunner:
-    def __init__(self, model, *, prompt_length: int, key_valid: torch.Tensor, suppress_token: int | None = None) -> None:
+    def __init__(self, model, *, prompt_length: int | torch.Tensor, key_valid: torch.Tensor, suppress_token: int | None = None) -> None:
         self.model = model
         self.suppress_token = suppress_token  # the mask id: committing [MASK] would be a no-op that loops forever
         self.prompt_length = prompt_length
@@ -40,6 +40,8 @@ class ModelRunner:
 
     def select_rows(self, index: torch.Tensor) -> None:
         self.key_valid = self.key_valid.index_select(0, index)
+        if torch.is_tensor(self.prompt_length):  # per-row prompt ends (rows joined the batch)
+            self.prompt_length = self.prompt_length.index_select(0, index)
 
     def full(self, x: torch.Tensor, *, logits_from: int = 0, cache: DiffusionKVCache | None = None,
              key_valid: torch.Tensor | None = None, **model_kwargs) -> torch.Tensor:

@@ -3,6 +3,14 @@
 Slots ``[0, P)`` hold the (left-padded) prompts, ``[P, P+G)`` the generated region. Rows that
 finish (EOS with everything before it filled, or a stop string) leave the batch so they stop
 costing compute; their results are written to the output buffers at once.
+
+Rows may also *join* a running batch (continuous batching, :meth:`DecodeState.admit`, driven by
+``BatchStreamer.admit_rows`` in the loops that support it). From the first join on, every row has
+its own generated region ``[gstart[r], gstart[r] + G)`` of a canvas that grows to the right (and
+is trimmed on the left when no live row uses the leading slots); its prompt sits right before
+``gstart[r]`` and every slot outside ``[prompt start, gstart[r] + G)`` is invalid for it
+(``key_valid`` False), so RoPE positions and attention are those of the row run alone. A joined
+row gets the next row index (``batch``, ``batch + 1``, ...) and its result is part of the output.
 """
 
 from __future__ import annotations
@@ -68,6 +76,11 @@ class DecodeState:
         self.out_nfe = torch.zeros(b, dtype=torch.long, device=dev)
         self.out_step_map = self.step_map.clone()
         self.finish_reason = ["length"] * b
+        # continuous batching (see admit): per-row generation start, joined rows' prompts and results
+        self.gstart: torch.Tensor | None = None
+        self.num_rows = b  # rows so far, joined ones included (the next joined row gets this index)
+        self.joined_prompts: dict[int, list[int]] = {}
+        self.joined_gen: dict[int, torch.Tensor] = {}
         if self.streamer is not None:
             if b != 1:
                 raise ValueError("a streamer needs batch size 1 (as in transformers)")
@@ -91,14 +104,30 @@ class DecodeState:
         end = start + transfer.shape[1]
         span = self.x[:, start:end]
         self.x[:, start:end] = torch.where(transfer, tokens.to(span.dtype), span)
+        if self.gstart is not None:  # rows joined: each row's generated region starts elsewhere
+            gi = torch.arange(start, end, device=self.x.device)[None, :] - self.gstart[:, None]
+            hit = transfer & (gi >= 0) & (gi < self.G)
+            r, c = hit.nonzero(as_tuple=True)
+            self.step_map[r, gi[r, c]] = self.nfe[r]
+            self._after_commit()
+            return
         skip = max(0, self.P - start)  # a span may begin inside the prompt (D2F's first forward)
         g0, g1 = start + skip - self.P, end - self.P
         sm = self.step_map[:, g0:g1]
         self.step_map[:, g0:g1] = torch.where(transfer[:, skip:], self.nfe[:, None].expand_as(sm), sm)
         self._after_commit()
 
+    def _gen(self) -> torch.Tensor:
+        """The generated region of every live row [live, G]."""
+        if self.gstart is None:
+            return self.x[:, self.P:]
+        return self.x.gather(1, self.gstart[:, None] + torch.arange(self.G, device=self.x.device)[None, :])
+
+    def _gen_start(self, r: int) -> int:
+        return self.P if self.gstart is None else int(self.gstart[r])
+
     def _after_commit(self) -> None:
-        gen = self.x[:, self.P:]
+        gen = self._gen()
         filled = gen != self.mask_id
         prefix_len = torch.where(filled.all(-1), self.G, (~filled).long().argmax(-1))  # contiguous committed prefix
         done = torch.zeros(self.live, dtype=torch.bool, device=self.x.device)
@@ -142,7 +171,8 @@ class DecodeState:
     def _stream(self, prefix_len: torch.Tensor) -> None:
         for r in range(self.live):
             end = int(prefix_len[r])
-            gen = self.x[r, self.P:]
+            g0 = self._gen_start(r)
+            gen = self.x[r, g0 : g0 + self.G]
             if self.eos_id is not None:
                 eos = (gen[:end] == self.eos_id).nonzero()
                 if len(eos):
@@ -161,7 +191,8 @@ class DecodeState:
         for r in idx.tolist():
             orig = int(self.rows[r])
             row = self.x[r].clone()
-            gen = row[self.P:]
+            g0 = self._gen_start(r)
+            gen = row[g0 : g0 + self.G]
             if reason == "stop" and self.eos_id is not None:
                 eos = (gen == self.eos_id).nonzero()
                 if len(eos):
@@ -174,7 +205,12 @@ class DecodeState:
             if reason == "length" and self.eos_id is not None and bool((gen == self.eos_id).any()):
                 row_reason = "stop"  # ran to the end of its budget, but the text did end with EOS
             gen[gen == self.mask_id] = self.eos_id if self.eos_id is not None else self.mask_id
-            self.out_x[orig] = row
+            if self.gstart is None:
+                self.out_x[orig] = row
+            elif orig < self.out_x.shape[0]:
+                self.out_x[orig, self.P:] = gen
+            else:
+                self.joined_gen[orig] = gen.clone()
             self.out_nfe[orig] = self.nfe[r]
             self.out_step_map[orig] = self.step_map[r]
             self.finish_reason[orig] = row_reason
@@ -188,14 +224,79 @@ class DecodeState:
         self.step_map = self.step_map[keep]
         self._stop_checked = self._stop_checked[keep]
         self.streamed = self.streamed[keep]
+        if self.gstart is not None:
+            self.gstart = self.gstart[keep]
         return keep
+
+    # -- continuous batching -------------------------------------------------------------
+    def row_spans(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per live row: its first valid slot and the end of its generated region."""
+        first = self.key_valid.long().argmax(-1)
+        g0 = self.gstart if self.gstart is not None else torch.full_like(first, self.P)
+        return first, g0 + self.G
+
+    @property
+    def fill_id(self) -> int:
+        """Token for slots no row uses (never the mask token: masked slots are decoding candidates)."""
+        for tok in (self.cfg.pad_token_id, self.eos_id):
+            if tok is not None and tok != self.mask_id:
+                return int(tok)
+        return 0 if self.mask_id != 0 else 1
+
+    def admit(self, prompts: list[list[int]], place_at: int) -> int:
+        """Add rows whose prompts end at slot ``place_at`` (their generated regions start there).
+
+        The canvas is re-laid out to cover exactly the live rows' spans: slots no live row uses are
+        dropped on the left, invalid slots are added where a new prompt or region needs them.
+        Returns the shift ``d`` of the slot numbering: old slot ``s`` is now ``s - d`` (callers move
+        their slot indices, caches and plans by it). New rows start with no forwards counted.
+        """
+        dev = self.x.device
+        n, g = len(prompts), self.G
+        lengths = [len(p) for p in prompts]
+        width = self.x.shape[1]
+        if self.gstart is None:
+            self.gstart = torch.full((self.live,), self.P, dtype=torch.long, device=dev)
+        left, right = place_at - max(lengths), place_at + g
+        if self.live:
+            first, ends = self.row_spans()
+            left, right = min(left, int(first.min())), max(right, int(ends.max()))
+        new_w = right - left
+        x = torch.full((self.live + n, new_w), self.fill_id, dtype=self.x.dtype, device=dev)
+        kv = torch.zeros((self.live + n, new_w), dtype=torch.bool, device=dev)
+        lo, hi = max(left, 0), min(right, width)  # the old slots kept
+        x[: self.live, lo - left : hi - left] = self.x[:, lo:hi]
+        kv[: self.live, lo - left : hi - left] = self.key_valid[:, lo:hi]
+        g_new = place_at - left
+        for i, p in enumerate(prompts):
+            r = self.live + i
+            x[r, g_new - len(p) : g_new] = torch.tensor(p, dtype=self.x.dtype, device=dev)
+            x[r, g_new : g_new + g] = self.mask_id
+            kv[r, g_new - len(p) : g_new + g] = True
+            self.joined_prompts[self.num_rows + i] = list(p)
+        self.x, self.key_valid = x, kv
+        self.gstart = torch.cat([self.gstart - left, torch.full((n,), g_new, dtype=torch.long, device=dev)])
+        new_idx = torch.arange(self.num_rows, self.num_rows + n, device=dev)
+        self.rows = torch.cat([self.rows, new_idx])
+        zeros = torch.zeros(n, dtype=torch.long, device=dev)
+        self.nfe = torch.cat([self.nfe, zeros])
+        self.streamed = torch.cat([self.streamed, zeros])
+        self._stop_checked = torch.cat([self._stop_checked, zeros])
+        self.step_map = torch.cat([self.step_map, torch.full((n, g), -1, dtype=torch.long, device=dev)])
+        self.out_nfe = torch.cat([self.out_nfe, zeros])
+        self.out_step_map = torch.cat([self.out_step_map, torch.full((n, g), -1, dtype=torch.long, device=dev)])
+        self.finish_reason += ["length"] * n
+        self.num_rows += n
+        return left
 
     def finish(self, *, total_seconds: float, forward_seconds: float, stats: dict | None = None) -> DiffusionGenerateOutput:
         if self.live:
             self.retire(torch.ones(self.live, dtype=torch.bool, device=self.x.device), reason="length")
         if self.streamer is not None:
             self.streamer.end()
-        gen = self.out_x[:, self.P:]
+        if self.joined_prompts:
+            self._assemble_joined()
+        gen = self.out_x[:, -self.G:]
         if self.eos_id is not None:
             is_eos = gen == self.eos_id
             first = torch.where(is_eos.any(-1), is_eos.long().argmax(-1) + 1, torch.full_like(is_eos[:, 0], self.G, dtype=torch.long))
@@ -212,3 +313,14 @@ class DecodeState:
             timings={"total_seconds": total_seconds, "forward_seconds": forward_seconds},
             stats=stats or {},
         )
+
+    def _assemble_joined(self) -> None:
+        """Output rows for every row, joined ones included: prompts left-padded to the longest."""
+        b0 = self.out_x.shape[0]
+        p_out = max([self.P] + [len(p) for p in self.joined_prompts.values()])
+        out = torch.full((self.num_rows, p_out + self.G), self.fill_id, dtype=self.out_x.dtype, device=self.out_x.device)
+        out[:b0, p_out - self.P:] = self.out_x
+        for orig, prompt in self.joined_prompts.items():
+            out[orig, p_out - len(prompt) : p_out] = torch.tensor(prompt, dtype=out.dtype, device=out.device)
+            out[orig, p_out:] = self.joined_gen[orig]
+        self.out_x = out

@@ -4,7 +4,8 @@ A single-row ``transformers`` streamer (``BaseStreamer``: ``put``/``end``) gets 
 then every newly committed token of the contiguous committed prefix, never a token that can still
 change (a committed token is final in every dllm strategy). For servers, a :class:`BatchStreamer`
 receives the same per row of a batch, by the row's index in the ``generate`` call, and may cancel
-rows (a client that disconnected).
+rows (a client that disconnected) or add rows to the running call (:meth:`BatchStreamer.admit_rows`,
+continuous batching).
 """
 
 from __future__ import annotations
@@ -22,6 +23,18 @@ class BatchStreamer:
     def cancelled_rows(self) -> set[int]:
         """Rows whose work should stop now (they finish with reason ``"cancelled"``)."""
         return set()
+
+    def admit_rows(self, first_row: int, live_rows: int) -> list[list[int]]:
+        """Prompts (token ids, no padding) to add to the running batch now: continuous batching.
+
+        Polled by the loops that support joining (:func:`decoding.joining.supports_joining`): the
+        semi-AR loop at every block boundary, the D2F pipeline before every forward. The prompts
+        become rows ``first_row``, ``first_row + 1``, ... in order (indices for ``put_row``,
+        ``end_row``, ``cancelled_rows`` and the output); ``live_rows`` is the number of rows running
+        now. A joined row decodes with the call's config and, at temperature 0, produces the same
+        tokens and forward count as when it runs alone. The default adds nothing.
+        """
+        return []
 
 
 class CollectingBatchStreamer(BatchStreamer):

@@ -10,10 +10,17 @@ client went away. Events cross threads through an outbox that the event loop dra
 one wake-up pending: the loop shares the GIL with the worker, so every wake-up it handles delays
 the next decoding step (hence also ``stream_interval_ms``).
 
-Rows join between ``generate`` calls and leave as soon as they finish (the decoding loop retires
-finished and cancelled rows at once, so they stop costing compute). A request's rows always run in
-the same batch. A request that samples (temperature > 0) with a ``seed`` runs in a batch of its own,
-so its output depends only on the request, not on its neighbours.
+Rows leave as soon as they finish (the decoding loop retires finished and cancelled rows at once,
+so they stop costing compute) and **join a running call** where the decoding loop supports it
+(continuous batching, ``decoding.joining``: the semi-AR strategies at every block boundary, D2F
+before every forward): the loop polls ``_Streamer.admit_rows``, which hands over waiting requests
+with the same config, in arrival order, while the head of the queue is such a request and the
+rows fit in ``max_batch_size`` (an incompatible request at the head stops joining, so the call
+drains and that request runs next: nothing starves). Other strategies (LoPA, d3LLM) take new rows
+between ``generate`` calls only. At temperature 0 a joined row gives the same text as when it runs
+alone. A request's rows always run in the same batch. A request that samples (temperature > 0)
+with a ``seed`` runs in a batch of its own (nothing joins it), so its output depends only on the
+request, not on its neighbours.
 
 Per row the request's queue gets ``delta`` events (new text), one ``finish`` event as soon as the
 row ends, and one ``stats`` event with its forward count (when the decoder reports it: today at the
@@ -129,9 +136,11 @@ class EngineRequest:
 class _Streamer(BatchStreamer):
     """The decoding loop's view of a batch (see ``decoding.streaming.BatchStreamer``)."""
 
-    def __init__(self, engine: Engine, rows: list[Row]) -> None:
+    def __init__(self, engine: Engine, rows: list[Row], requests: list[EngineRequest]) -> None:
         self.engine = engine
-        self.rows = rows
+        self.rows = rows  # by row index in the generate call; rows that join are appended
+        self.requests = list(requests)  # every request of the call, joined ones included
+        self.key = requests[0].key
         self.touched = False
         self._buffer: list[tuple[EngineRequest, Event]] = []
         self._urgent = False  # a row's first text or its end is buffered: send it soon
@@ -180,6 +189,28 @@ class _Streamer(BatchStreamer):
         return {i for i, r in enumerate(self.rows)
                 if stopping or r.request.cancelled or r.finish_reason is not None}
 
+    def admit_rows(self, first_row: int, live_rows: int) -> list[list[int]]:
+        """Continuous batching: waiting requests that join this call now (see ``Engine._admit``)."""
+        if first_row != len(self.rows):  # the decoder numbers rows as we do; never guess otherwise
+            log.error("admit_rows: decoder row %d != engine row %d; not joining", first_row, len(self.rows))
+            return []
+        joined = self.engine._admit(self.key, live_rows)
+        prompts = []
+        for req in joined:
+            self.requests.append(req)
+            for r in req.rows:
+                self.rows.append(r)
+                prompts.append(r.prompt_ids)
+        if joined:
+            m = self.engine.metrics
+            if m is not None:
+                m.joined_rows.inc(len(prompts))
+                m.running_rows.set(live_rows + len(prompts))
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%d rows (%d requests) joined a running call of %d rows", len(prompts), len(joined),
+                          live_rows)
+        return prompts
+
     def flush(self) -> None:
         self._urgent = False
         self._last_flush = time.perf_counter()
@@ -219,6 +250,7 @@ class Engine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.batches = 0
+        self._running: list[EngineRequest] | None = None  # requests of the running call, joined ones included
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -329,6 +361,32 @@ class Engine:
                           len(self._pending), [round((now - r.submitted) * 1000, 1) for r in batch])
             return batch
 
+    def _admit(self, key, live_rows: int) -> list[EngineRequest]:
+        """Waiting requests that join a running call with batch key ``key`` (worker thread).
+
+        From the head of the queue, in arrival order, while the head has the same key (same config,
+        not isolated) and its rows fit beside ``live_rows`` in ``max_batch_size`` (a request larger
+        than that joins only an empty call, as it would start one). The first request that does not
+        qualify ends the scan, so a request with other settings waits only for the call to drain.
+        """
+        if key[1] is not None:  # an isolated (seeded sampling) call: nothing joins it
+            return []
+        out: list[EngineRequest] = []
+        with self._cond:
+            if self._stopping:
+                return []
+            while self._pending:
+                req = self._pending[0]
+                n = len(req.rows)
+                if req.key != key or (live_rows + n > self.max_batch_size and live_rows > 0):
+                    break
+                self._pending.pop(0)
+                out.append(req)
+                live_rows += n
+            if out:
+                self._set_depth()
+        return out
+
     def _worker(self) -> None:
         while not self._stopping:
             batch = self._next_batch()
@@ -337,7 +395,8 @@ class Engine:
                     self._run(batch)
                 except Exception:  # never let the worker die; the requests get an error
                     log.exception("decoding batch failed")
-                    self._fail(batch, internal("decoding failed; see the server log"))
+                    self._fail(self._running or batch, internal("decoding failed; see the server log"))
+                self._running = None
                 with self._cond:
                     self._batch_end = time.monotonic()
 
@@ -350,10 +409,11 @@ class Engine:
         for i, r in enumerate(rows):
             ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, dtype=torch.long)
             mask[i, width - len(r.prompt_ids):] = 1
-        streamer = _Streamer(self, rows)
+        streamer = _Streamer(self, rows, batch)
+        rows = streamer.rows  # grows when requests join the running call
+        self._running = streamer.requests
         m = self.metrics
         if m is not None:
-            m.batch_size.observe(len(rows))
             m.running_rows.set(len(rows))
             m.active_branches.set(len(rows) * (cfg.lopa_branches + 1) if cfg.strategy == "lopa" else 0)
         self.batches += 1
@@ -363,6 +423,7 @@ class Engine:
                                    tokenizer=self.detok_tokenizer)
         except Exception as err:
             streamer.flush()
+            batch = streamer.requests  # joined requests included
             if not streamer.touched and retry_alone and len(batch) > 1:
                 log.warning("batch of %d requests failed before decoding (%s); running them one by one", len(batch), err)
                 for req in batch:
@@ -377,6 +438,7 @@ class Engine:
             return
         finally:
             if m is not None:
+                m.batch_size.observe(len(rows))
                 m.running_rows.set(0)
                 m.active_branches.set(0)
                 m.generate_seconds.observe(time.perf_counter() - t0)

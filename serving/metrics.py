@@ -32,7 +32,10 @@ class ServerMetrics:
                                   buckets=COUNT_BUCKETS, registry=r)
         self.tpf = Histogram("dllm_tokens_per_forward", "Completion tokens per forward, per completed choice",
                              buckets=TPF_BUCKETS, registry=r)
-        self.batch_size = Histogram("dllm_batch_size", "Rows per generate call", buckets=COUNT_BUCKETS, registry=r)
+        self.batch_size = Histogram("dllm_batch_size", "Rows per generate call (rows that joined it mid-call included)",
+                                    buckets=COUNT_BUCKETS, registry=r)
+        self.joined_rows = Counter("dllm_joined_rows", "Rows that joined a generate call already running",
+                                   registry=r)
         self.generate_seconds = Histogram("dllm_generate_seconds", "Wall time of each generate call (one batch)",
                                           buckets=LATENCY_BUCKETS, registry=r)
         self.forward_seconds = Counter("dllm_forward_seconds", "Time spent in model forwards (as decoding reports it)",

@@ -20,6 +20,10 @@ committed, and the first fully activated block commits its lowest-entropy positi
 Batches: rows advance independently. The forward covers the union of the rows' windows; slots a
 row has not appended yet are invisible to it (block-causal mask, or key-padding for d3LLM), so a
 row's decisions equal its single-row run.
+
+Rows may join a running D2F batch before any forward (``BatchStreamer.admit_rows``; see
+``decoding.joining``): a new row's prompt block is fed by the next forward together with its first
+block, as in its single-row run.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from decoding.joining import poll, supports_joining
 from decoding.policies import select_above, select_best
 from decoding.runner import ModelRunner
 from decoding.sampling import entropy, llada_choice
@@ -48,8 +53,8 @@ class Block:
 class RowPlan:
     """Block bookkeeping of one row."""
 
-    def __init__(self, prompt_length: int) -> None:
-        self.blocks = [Block(0, prompt_length, TO_CACHE, True)]
+    def __init__(self, prompt_length: int, prompt_start: int = 0) -> None:
+        self.blocks = [Block(prompt_start, prompt_length, TO_CACHE, True)]
         self.eos = False
 
     @property
@@ -76,6 +81,12 @@ class RowPlan:
 
     def active(self) -> list[Block]:
         return [b for b in self.blocks if b.state == ACTIVE]
+
+    def shift(self, d: int) -> None:
+        """The canvas was re-laid out: slot s is now s - d."""
+        for b in self.blocks:
+            b.start -= d
+            b.end -= d
 
     def copy(self) -> "RowPlan":
         new = RowPlan.__new__(RowPlan)
@@ -140,7 +151,21 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> d
     mask_id = state.mask_id
     steps = 0
 
-    while state.live:
+    # Continuous batching (decoding.joining), D2F only: before every forward new rows may join, their
+    # prompts ending where the batch's forward window starts.
+    join = d2f and state.batch_streamer is not None and supports_joining(model, cfg)
+    while True:
+        if join:
+            place = min((p.feed_start() for p in plans), default=0)
+            joined, shift, cache = poll(state, place_at=place, runner=runner, cache=cache)
+            if joined:
+                for p in plans:
+                    p.shift(shift)
+                first, _ = state.row_spans()
+                g0 = state.gstart
+                plans += [RowPlan(int(g0[r]), int(first[r])) for r in range(state.live - joined, state.live)]
+        if not state.live:
+            break
         # 1-2: append and activate, per row
         for r, plan in enumerate(plans):
             plan.append_and_activate(state.x[r], cfg, mask_id)
@@ -153,6 +178,8 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> d
             if cache is not None:
                 cache = cache.select_rows(keep)
             if not state.live:
+                if join:
+                    continue  # waiting rows may still join
                 break
         # 4-5: one forward over the union of the rows' windows
         if d2f:

@@ -11,6 +11,10 @@ recomputes:
   fresh K/V replace the stale ones in place.
 ``refresh_interval`` additionally recomputes everything every N steps inside a block.
 
+Rows may join at block boundaries (``BatchStreamer.admit_rows``; see ``decoding.joining``): a new
+row's prompt ends at the current block start, and rows leave once their own ``num_blocks`` blocks
+are done, so the loop runs until no row is left.
+
 Loop bounds follow the references: ``vanilla`` and the Dream algorithms without a cache run
 exactly ``steps/num_blocks`` forwards per block (LLaDA, Dream: no early exit); cached and threshold/factor variants check
 "block done" before each forward (Fast-dLLM upstream). ``dual_cache_step_bound`` reproduces the
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from decoding.joining import poll, supports_joining
 from decoding.policies import quota_schedule, select_factor, select_threshold, select_top_k
 from decoding.runner import ModelRunner
 from decoding.sampling import dream_choice, llada_choice
@@ -69,14 +74,36 @@ def decode_semi_ar(model, state: DecodeState, gen: torch.Generator | None) -> di
     if exact:
         cache = model.allocate_cache(state.key_valid, prompt_length=P)
     cached_end = 0
-    prompt_slots = (state.x[:, :P] != state.mask_id) & state.key_valid[:, :P]
+    prompt_slots = ((state.x[:, :P] != state.mask_id) & state.key_valid[:, :P]) if cfg.cfg_scale > 0 else None
     # The references run a fixed number of forwards per block (no early exit) without a cache.
     fixed_steps = strategy in ("vanilla", *DREAM_ALGS) and cfg.cache == "none"
 
-    for blk in range(cfg.num_blocks):
+    # Continuous batching (decoding.joining): at each block boundary rows whose generated region is
+    # done leave, and new rows join with their prompts ending at the block start.
+    join = state.batch_streamer is not None and supports_joining(model, cfg)
+    blk, s = 0, P
+    while True:
+        if join:
+            if state.live:
+                ended = state.row_spans()[1] <= s
+                if bool(ended.any()):
+                    keep = state.retire(ended, reason="length")
+                    runner.select_rows(keep)
+                    if cache is not None:
+                        cache = cache.select_rows(keep)
+            joined, shift, cache = poll(state, place_at=s, runner=runner, cache=cache)
+            if joined:
+                s -= shift
+                first_new = int(state.row_spans()[0][-joined:].min())
+                cached_end = min(max(0, cached_end - shift), first_new)  # exact cache: feed the new prompts
+                T = state.x.shape[1]
+        elif blk >= cfg.num_blocks:
+            break
         if state.live == 0:
             break
-        s, e = P + blk * B, P + (blk + 1) * B
+        e = s + B
+        blk += 1
+        s_next = e
         quota = quota_schedule(state.masked(s, e).sum(-1), spb)
         i = 0
         while state.live:
@@ -122,10 +149,12 @@ def decode_semi_ar(model, state: DecodeState, gen: torch.Generator | None) -> di
             keep = state.pop_finished()
             if keep is not None:
                 quota = quota[keep]
-                prompt_slots = prompt_slots[keep]
+                if prompt_slots is not None:
+                    prompt_slots = prompt_slots[keep]
                 runner.select_rows(keep)
                 if cache is not None:
                     cache = cache.select_rows(keep)
+        s = s_next
     return {"forward_seconds": runner.forward_seconds, "forwards": runner.forwards}
 
 

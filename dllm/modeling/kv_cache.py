@@ -33,7 +33,7 @@ class DiffusionKVCache:
     values: list[torch.Tensor]
     key_valid: torch.Tensor  # [batch, capacity] bool: False on left padding
     positions: torch.Tensor  # [batch, capacity] long: RoPE position of each slot
-    prompt_length: int  # slots < prompt_length form the prompt block (block-causal masks)
+    prompt_length: int | torch.Tensor  # slots < prompt_length form the prompt block (block-causal); or per row [batch]
     length: int = 0  # slots [0, length) hold committed K/V
     extra: dict = field(default_factory=dict)  # decoder-owned side data (e.g. Dream's stored last logit)
 
@@ -82,7 +82,8 @@ class DiffusionKVCache:
             values=[v.index_select(0, index) for v in self.values],
             key_valid=self.key_valid.index_select(0, index),
             positions=self.positions.index_select(0, index),
-            prompt_length=self.prompt_length,
+            prompt_length=(self.prompt_length.index_select(0, index) if torch.is_tensor(self.prompt_length)
+                           else self.prompt_length),
             length=self.length,
             extra={name: t.index_select(0, index) if torch.is_tensor(t) else t for name, t in self.extra.items()},
         )

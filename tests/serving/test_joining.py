@@ -1,0 +1,100 @@
+"""Continuous batching in the server: a request that arrives mid-call joins the running ``generate``."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import httpx
+import openai
+import pytest
+
+from serving.testing import TEST_MODEL as MODEL
+from serving.testing import build_checkpoint
+
+
+def _metric(url: str, name: str) -> float:
+    m = re.search(rf"^{name} ([0-9.e+-]+)$", httpx.get(url + "/metrics").text, re.MULTILINE)
+    return float(m.group(1)) if m else 0.0
+
+
+async def _stream(client, prompt: str, events: dict, tag: str, **extra) -> str:
+    stream = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                                  temperature=0, stream=True, **extra)
+    text = []
+    async for chunk in stream:
+        for ch in chunk.choices:
+            if ch.delta.content:
+                text.append(ch.delta.content)
+                events.setdefault(f"{tag}_first", time.perf_counter())
+            if ch.finish_reason:
+                events[f"{tag}_finish"] = time.perf_counter()
+    return "".join(text)
+
+
+# EOS never stops a row in these checkpoints, so every request decodes its whole canvas.
+@pytest.mark.parametrize("kind,body", [
+    ("d2f", {"max_tokens": 96}),  # the server's default kind of model and strategy
+    ("threshold", {"max_tokens": 96, "extra_body": {"threshold": 1.0, "cache": "dual"}}),
+])
+def test_request_arriving_mid_call_joins_it_and_streams_before_the_first_ends(serve, tmp_path_factory, kind, body):
+    path = build_checkpoint(tmp_path_factory.mktemp(f"join-{kind}"), seed=5, block_causal=kind == "d2f",
+                            stop_at_eos=False, max_new_tokens=32)
+    with serve(path, max_batch_size=4, batch_wait_ms=5) as (url, app):
+        engine = app.state.dllm.engine
+        def client():  # one per event loop
+            return openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+        prompts = ["the cat sat on the mat", "what is two plus three"]
+
+        async def both():
+            events: dict = {}
+            c = client()
+            first = asyncio.create_task(_stream(c, prompts[0], events, "a", **body))
+            while "a_first" not in events:  # the first request is decoding
+                await asyncio.sleep(0.002)
+            second = asyncio.create_task(_stream(c, prompts[1], events, "b", **body))
+            return await first, await second, events
+
+        batches = engine.batches
+        text_a, text_b, ev = asyncio.run(both())
+        assert engine.batches - batches == 1  # one generate call served both: the second request joined it
+        assert _metric(url, "dllm_joined_rows_total") == 1
+        assert ev["b_first"] < ev["a_finish"], ev  # it streamed while the first request was still running
+
+        async def alone(prompt):
+            return await _stream(client(), prompt, {}, "x", **body)
+
+        assert (text_a, text_b) == (asyncio.run(alone(prompts[0])), asyncio.run(alone(prompts[1])))
+        assert text_a and text_b
+
+
+def test_admission_keeps_arrival_order_batch_size_and_isolation():
+    from dllm.generation import DiffusionGenerationConfig
+    from dllm.tokenization import build_tokenizer
+    from serving.engine import Engine, _Streamer
+    from serving.testing import WORDS
+
+    cfg = DiffusionGenerationConfig(max_new_tokens=16, block_length=8)
+    other = cfg.replace(threshold=0.5)
+
+    async def main():
+        e = Engine(None, build_tokenizer([WORDS]), generate_fn=lambda *a, **k: None, max_batch_size=4)  # not started
+        running = e.submit([[4]], n=1, cfg=cfg, max_tokens=8)
+        e._pending.remove(running)  # as if its call were running
+        a = e.submit([[5], [6]], n=1, cfg=cfg, max_tokens=8)  # 2 rows
+        b = e.submit([[7]], n=1, cfg=cfg, max_tokens=16)  # same config (same canvas)
+        c = e.submit([[8]], n=1, cfg=other, max_tokens=8)
+        d = e.submit([[9]], n=1, cfg=cfg, max_tokens=8)
+        assert e._admit((cfg, 1234), live_rows=1) == []  # an isolated call takes nobody
+        streamer = _Streamer(e, list(running.rows), [running])
+        assert streamer.admit_rows(first_row=1, live_rows=1) == [[5], [6], [7]]  # 1 + 2 + 1 rows fit in 4
+        assert streamer.rows[1:] == a.rows + b.rows and streamer.requests == [running, a, b]
+        assert streamer.admit_rows(first_row=4, live_rows=3) == []  # c is next and has other settings: d waits
+        assert e._admit((other, None), live_rows=3) == [c]
+        assert e._admit((cfg, None), live_rows=4) == []  # full
+        assert streamer.admit_rows(first_row=2, live_rows=0) == []  # a decoder that numbers rows differently
+        assert e._admit((cfg, None), live_rows=0) == [d] and e.queue_depth == 0
+
+    asyncio.run(main())
