@@ -9,9 +9,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
 # Temperatures this small are greedy: dividing by them overflows to NaN probabilities.
 GREEDY_BELOW = 1e-5
+
+
+def _fused(logits: torch.Tensor, top_p: float | None = None, top_k: int | None = None):
+    """The fused Triton statistics (dllm.kernels.confidence) when they apply: on CUDA (see
+    ``use_triton_kernels``) and with no top-p/top-k filter. None means: use the PyTorch code below,
+    which stays the reference and the CPU path. Imported lazily (no triton import, no cycle)."""
+    if top_k is not None or (top_p is not None and top_p < 1.0) or logits.dim() == 0:
+        return None
+    from dllm.kernels.confidence import confidence_stats_triton, use_triton_kernels
+
+    return confidence_stats_triton if use_triton_kernels(logits.device) else None
 
 
 def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
@@ -59,6 +69,17 @@ def llada_choice(
     The token is a Gumbel-max sample (argmax at T=0); its confidence is its probability under the
     noise-free float64 softmax (``low_confidence``) or U(0,1) (``random``).
     """
+    if remasking in ("low_confidence", "random") and (kernel := _fused(logits, top_p, top_k)) is not None:
+        # Same randomness as gumbel_argmax: the same torch.rand draw, consumed by the kernel.
+        noise = None
+        if temperature >= GREEDY_BELOW:
+            noise = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=generator)
+        st = kernel(logits, temperature=temperature, noise=noise, precision="fp64",
+                    need=("max_prob",) if remasking == "low_confidence" else ())
+        x0 = st.token if noise is None else st.sample
+        if remasking == "low_confidence":
+            return x0, (st.max_prob if noise is None else st.sample_prob)
+        return x0, torch.rand(x0.shape, dtype=torch.float64, device=x0.device, generator=generator)
     if top_p is not None or top_k is not None:
         logits = filter_top_p_top_k(logits, top_p, top_k)
     x0 = gumbel_argmax(logits, temperature, generator)
@@ -87,6 +108,13 @@ def dream_choice(
     ``entropy``: negative entropy sum(p log p) (higher = more certain).
     """
     sample = temperature >= GREEDY_BELOW
+    stat = {"maskgit_plus": "max_prob", "margin": "margin", "entropy": "entropy"}.get(alg)
+    if not sample and stat is not None and (kernel := _fused(logits, top_p, top_k)) is not None:
+        # fp32, as the softmax below. The token is the logits' argmax; "entropy" is -H exactly
+        # (the reference's log(p + 1e-10) differs from it by at most V * 1e-10).
+        st = kernel(logits, precision="fp32", need=(stat,))
+        conf = getattr(st, stat)
+        return st.token, (-conf if alg == "entropy" else conf)
     if sample:
         logits = logits / temperature
     logits = filter_top_p_top_k(logits, top_p, top_k)
@@ -109,5 +137,8 @@ def dream_choice(
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
     """Shannon entropy (nats) of softmax(logits), computed in fp32."""
+    if (kernel := _fused(logits)) is not None:
+        # nan_on_neg_inf: as below, where 0 * log 0 = 0 * -inf makes a row with a -inf logit NaN
+        return kernel(logits, precision="fp32", need=("entropy",), nan_on_neg_inf=True).entropy
     logp = F.log_softmax(logits.float(), dim=-1)
     return -(logp.exp() * logp).sum(-1)
