@@ -25,6 +25,7 @@ from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
 from ..generation.mixin import DiffusionGenerationMixin
+from .attention_backends import check_backend, requested_backend
 from .configuration import CoreSpec, DreamConfig, LLaDAConfig
 from .kv_cache import DiffusionKVCache
 from .layers import (
@@ -61,6 +62,24 @@ class DiffusionLM(DiffusionGenerationMixin, PreTrainedModel):
         self.spec: CoreSpec = self.config.core_spec()
         self.rotary = RotaryEmbedding(self.spec.head_dim, self.spec.rope_theta)
         self.gradient_checkpointing = False
+
+    # --- attention backend -----------------------------------------------------------------
+    _attn_backend: str | None = None
+
+    @property
+    def attention_backend(self) -> str:
+        """The model's attention backend choice: ``auto`` | ``sdpa`` | ``flex`` (see ``set_attention_backend``)."""
+        return self._attn_backend or check_backend(getattr(self.config, "attn_backend", None) or "auto")
+
+    def set_attention_backend(self, name: str | None) -> DiffusionLM:
+        """``auto`` (FlexAttention for CUDA inference, SDPA otherwise), ``sdpa`` or ``flex``.
+
+        None restores the default (the config's ``attn_backend`` attribute if any, else ``auto``).
+        The environment variable ``DLLM_ATTN_BACKEND`` overrides this choice; a forward's
+        ``attn_backend=`` argument overrides both. Returns the model.
+        """
+        self._attn_backend = None if name is None else check_backend(name)
+        return self
 
     @property
     def mask_token_id(self) -> int | None:
@@ -115,6 +134,7 @@ class DiffusionLM(DiffusionGenerationMixin, PreTrainedModel):
         attention_policy: str | None = None,
         block_size: int | None = None,
         logits_range: tuple[int, int] | None = None,
+        attn_backend: str | None = None,
         output_hidden_states: bool = False,
         return_dict: bool = True,
         **unused,
@@ -123,7 +143,8 @@ class DiffusionLM(DiffusionGenerationMixin, PreTrainedModel):
 
         ``attention_mask`` [batch, q] marks left padding (ignored with a cache: the cache holds the
         canvas validity). ``attention_policy``/``block_size`` override the config's for this call (a
-        D2F teacher is the block-causal student's weights viewed bidirectionally).
+        D2F teacher is the block-causal student's weights viewed bidirectionally). ``attn_backend``
+        (``auto`` | ``sdpa`` | ``flex``) overrides the model's attention backend for this call.
         """
         if inputs_embeds is None:
             if input_ids is None:
@@ -147,6 +168,7 @@ class DiffusionLM(DiffusionGenerationMixin, PreTrainedModel):
             cache_mode=cache_mode,
             attention_policy=attention_policy,
             block_size=block_size,
+            attn_backend=requested_backend(self.attention_backend, attn_backend),
         )
         for layer in self._blocks():
             if self.gradient_checkpointing and self.training:

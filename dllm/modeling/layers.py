@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention_masks import build_attention_mask
+from .attention_backends import MaskSpec, attend, requested_backend, resolve_backend
 from .configuration import CoreSpec
 from .kv_cache import DiffusionKVCache
 
@@ -108,14 +108,24 @@ def _lookup(root: nn.Module, path: str) -> nn.Module:
 
 @dataclass
 class AttentionContext:
-    """Everything a layer needs about where its queries sit and which keys they may see."""
+    """Everything a layer needs about where its queries sit and which keys they may see.
+
+    ``mask_spec`` describes the mask; the backend (``sdpa`` | ``flex``) builds what it needs from
+    it once per forward (a dense mask for SDPA, a BlockMask for FlexAttention).
+    """
 
     cos: torch.Tensor
     sin: torch.Tensor
-    mask: torch.Tensor | None
+    mask_spec: MaskSpec
+    backend: str = "sdpa"
     cache: DiffusionKVCache | None = None
     cache_start: int = 0
     key_end: int = 0
+
+    @property
+    def mask(self) -> torch.Tensor | None:
+        """The dense SDPA mask [batch|1, 1, q, key_end] (built on first use, then shared by every layer)."""
+        return self.mask_spec.dense()
 
 
 class DecoderLayer(nn.Module):
@@ -152,9 +162,7 @@ class DecoderLayer(nn.Module):
         if ctx.cache is not None:
             ctx.cache.write(self.layer_idx, ctx.cache_start, k, v)
             k, v = ctx.cache.view(self.layer_idx, ctx.key_end)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=ctx.mask, is_causal=False, enable_gqa=self.num_kv_heads != self.num_heads
-        )
+        out = attend(q, k, v, ctx.mask_spec, ctx.backend, gqa=self.num_kv_heads != self.num_heads)
         out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
         return self._m("o")(out)
 
@@ -179,8 +187,14 @@ def make_context(
     cache_mode: str | None,
     attention_policy: str | None,
     block_size: int | None = None,
+    attn_backend: str | None = None,
 ) -> AttentionContext:
-    """Resolve positions, the key range and the mask for one forward."""
+    """Resolve positions, the key range and the mask description for one forward.
+
+    ``attn_backend`` is the requested backend (``auto`` | ``sdpa`` | ``flex``, see
+    :func:`~dllm.modeling.attention_backends.requested_backend`; None: ``DLLM_ATTN_BACKEND`` or
+    ``auto``), resolved here for the forward's device and autograd mode.
+    """
     policy = attention_policy or spec.attention_policy
     block_size = block_size or spec.block_size
     if policy == "block_causal" and not block_size:
@@ -193,7 +207,6 @@ def make_context(
                 position_ids = (valid.cumsum(-1) - 1).clamp(min=0) * valid
             else:
                 position_ids = torch.arange(seq_len, device=device)[None]
-        query_slots = torch.arange(seq_len, device=device)
         key_end = seq_len
         start = 0
     else:
@@ -206,19 +219,26 @@ def make_context(
         key_valid = cache.key_valid
         if position_ids is None:
             position_ids = cache.positions[:, start:end]
-        query_slots = torch.arange(start, end, device=device)
         key_end = max(cache.length, end) if cache_mode == "replace" else end
         if prompt_length is None:
             prompt_length = cache.prompt_length
-    mask = build_attention_mask(
-        query_slots=query_slots,
-        key_end=key_end,
-        key_valid=key_valid,
+    if policy == "block_causal" and prompt_length is None:
+        raise ValueError("a block-causal model needs prompt_length (the slot where generation starts)")
+    if policy not in ("bidirectional", "block_causal"):
+        raise ValueError(f"unknown attention policy {policy!r}; valid: bidirectional, block_causal")
+    spec_ = MaskSpec(
         policy=policy,
         block_size=block_size,
         prompt_length=prompt_length,
+        start=start,
+        q_len=seq_len,
+        key_end=key_end,
+        key_valid=key_valid,
+        device=device,
     )
+    backend = resolve_backend(attn_backend or requested_backend(), device)
     if position_ids.dim() == 1:
         position_ids = position_ids[None]
     cos, sin = rope(position_ids, dtype)
-    return AttentionContext(cos=cos, sin=sin, mask=mask, cache=cache, cache_start=start, key_end=key_end)
+    return AttentionContext(cos=cos, sin=sin, mask_spec=spec_, backend=backend, cache=cache, cache_start=start,
+                            key_end=key_end)
