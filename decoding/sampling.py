@@ -136,9 +136,12 @@ def dream_choice(
 
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Shannon entropy (nats) of softmax(logits), computed in fp32."""
+    """Shannon entropy (nats) of softmax(logits), computed in fp32; 0 * log 0 counts as 0.
+
+    The runner sets the mask token's logit to -inf, so the naive ``p * log p`` would be NaN for
+    every position (and d3LLM's entropy rule would never fire).
+    """
     if (kernel := _fused(logits)) is not None:
-        # nan_on_neg_inf: as below, where 0 * log 0 = 0 * -inf makes a row with a -inf logit NaN
-        return kernel(logits, precision="fp32", need=("entropy",), nan_on_neg_inf=True).entropy
+        return kernel(logits, precision="fp32", need=("entropy",)).entropy
     logp = F.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+    return -torch.where(logp > float("-inf"), logp.exp() * logp, torch.zeros_like(logp)).sum(-1)
