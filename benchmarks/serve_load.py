@@ -119,40 +119,109 @@ class Offline:
 
 
 # -- server -----------------------------------------------------------------------------------------
-async def one_request(client: httpx.AsyncClient, prompt: str, max_tokens: int, extra: dict) -> dict:
+class RawClient:
+    """A minimal HTTP/1.1 keep-alive client for the SSE stream (one connection, one request at a time).
+
+    The load generator shares this machine's CPUs with the server; httpx costs ~3 ms of CPU per
+    streamed request, this about a tenth of it, so the measurement is mostly the server's.
+    """
+
+    def __init__(self, url: str) -> None:
+        host_port = url.split("://", 1)[1].rstrip("/")
+        self.host, port = host_port.rsplit(":", 1)
+        self.port = int(port)
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    async def stream(self, path: str, body: dict):
+        """POST ``body`` as JSON; yields the SSE ``data:`` payloads (strings) as they arrive."""
+        import socket
+
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+            self.writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        data = json.dumps(body).encode()
+        self.writer.write(f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+                          f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        status = int((await self.reader.readline()).split()[1])
+        headers = {}
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            k, _, v = line.decode().partition(":")
+            headers[k.strip().lower()] = v.strip()
+        if "chunked" not in headers.get("transfer-encoding", ""):
+            raw = await self.reader.readexactly(int(headers.get("content-length", 0)))
+            raise RuntimeError(f"HTTP {status}: {raw[:300]!r}")
+        buf = b""
+        while True:
+            size = int((await self.reader.readline()).strip(), 16)
+            chunk = await self.reader.readexactly(size + 2)  # + CRLF
+            if size == 0:
+                break
+            buf += chunk[:-2]
+            *events, buf = buf.split(b"\n\n")
+            for ev in events:
+                for ln in ev.split(b"\n"):
+                    if ln.startswith(b"data: "):
+                        yield ln[6:].decode()
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}")
+
+
+async def one_request(client, prompt: str, max_tokens: int, extra: dict) -> dict:
     body = {"model": "bench", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, **extra}
     t0 = time.perf_counter()
     ttft, text, usage, dllm = None, [], None, None
-    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(chunk["error"]["message"])
-            if chunk.get("usage"):
-                usage, dllm = chunk["usage"], chunk.get("dllm")
-            for ch in chunk["choices"]:
-                content = ch["delta"].get("content")
-                if content:
-                    if ttft is None:
-                        ttft = time.perf_counter() - t0
-                    text.append(content)
+    if isinstance(client, RawClient):
+        lines = client.stream("/v1/chat/completions", body)
+    else:
+        lines = _httpx_lines(client, body)
+    async for line in lines:
+        if line == "[DONE]":
+            continue
+        chunk = json.loads(line)
+        if "error" in chunk:
+            raise RuntimeError(chunk["error"]["message"])
+        if chunk.get("usage"):
+            usage, dllm = chunk["usage"], chunk.get("dllm")
+        for ch in chunk["choices"]:
+            content = ch["delta"].get("content")
+            if content:
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+                text.append(content)
     return {"latency": time.perf_counter() - t0, "ttft": ttft, "text": "".join(text),
             "tokens": usage["completion_tokens"], "forwards": dllm["num_forwards"] if dllm else 0}
 
 
-async def drive(url: str, prompts: list[str], clients: int, max_tokens: int, extra: dict) -> tuple[list[dict], float]:
+async def _httpx_lines(client: httpx.AsyncClient, body: dict):
+    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                yield line[6:]
+
+
+async def drive(url: str, prompts: list[str], clients: int, max_tokens: int, extra: dict,
+                kind: str = "raw") -> tuple[list[dict], float]:
+    """``clients`` closed-loop clients (each sends its next request when the last one is answered)."""
     results: list[dict | None] = [None] * len(prompts)
     queues = [list(range(c, len(prompts), clients)) for c in range(clients)]
     limits = httpx.Limits(max_connections=clients + 2)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as shared:
         async def worker(idx: list[int]) -> None:
-            for i in idx:
-                results[i] = await one_request(client, prompts[i], max_tokens, extra)
+            client = RawClient(url) if kind == "raw" else shared
+            try:
+                for i in idx:
+                    results[i] = await one_request(client, prompts[i], max_tokens, extra)
+            finally:
+                if kind == "raw":
+                    await client.close()
 
         t0 = time.perf_counter()
         await asyncio.gather(*[worker(q) for q in queues])
@@ -160,10 +229,14 @@ async def drive(url: str, prompts: list[str], clients: int, max_tokens: int, ext
     return results, wall
 
 
-def start_server(path: Path, port: int, threads: int, max_batch: int, batch_wait_ms: float | None) -> subprocess.Popen:
+def start_server(path: Path, port: int, threads: int, max_batch: int, batch_wait_ms: float | None, join: bool = True,
+                 stream_interval_ms: float | None = None, join_max_spread: float | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "dllm.cli", "serve", "--model", str(path), "--port", str(port),
            "--num-threads", str(threads), "--max-batch-size", str(max_batch), "--served-model-name", "bench",
-           "--log-level", "warning"] + ([] if batch_wait_ms is None else ["--batch-wait-ms", str(batch_wait_ms)])
+           "--log-level", "warning", "--join" if join else "--no-join"]
+    cmd += [] if batch_wait_ms is None else ["--batch-wait-ms", str(batch_wait_ms)]
+    cmd += [] if stream_interval_ms is None else ["--stream-interval-ms", str(stream_interval_ms)]
+    cmd += [] if join_max_spread is None else ["--join-max-spread", str(join_max_spread)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while True:
@@ -180,6 +253,18 @@ def start_server(path: Path, port: int, threads: int, max_batch: int, batch_wait
         time.sleep(0.2)
 
 
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU time (user + system) of this process, or of process ``pid`` (Linux /proc; NaN elsewhere)."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
 def server_row(name: str, results: list[dict], wall: float) -> dict:
     return {"mode": name, "requests": len(results), "tokens": sum(r["tokens"] for r in results), "seconds": wall,
             "latencies": [r["latency"] for r in results], "ttft": [r["ttft"] for r in results if r["ttft"] is not None],
@@ -194,6 +279,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+MODES = {"join": True, "no-join": False}
+
+
+def parse_mode(mode: str) -> tuple[bool, float | None]:
+    """``join`` (the server's default admission bound), ``join@N`` (--join-max-spread N; 0: none), ``no-join``."""
+    name, _, spread = mode.partition("@")
+    if name not in MODES or (spread and name != "join"):
+        raise ValueError(mode)
+    return MODES[name], float(spread) if spread else None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny-d2f", help="tiny, tiny-d2f, a checkpoint directory, or 'random'")
@@ -201,15 +297,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4, help="requests per client")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (server and offline)")
+    ap.add_argument("--modes", default="join,no-join",
+                    help="server scheduling modes to compare, comma-separated: join (continuous batching, "
+                         "dllm serve --join), join@N (with --join-max-spread N; 0: unbounded), no-join (rows start "
+                         "only between generate calls)")
     ap.add_argument("--batch-wait-ms", type=float, default=None, help="the server's --batch-wait-ms (default: its own)")
+    ap.add_argument("--stream-interval-ms", type=float, default=None,
+                    help="the server's --stream-interval-ms (default: its own)")
     ap.add_argument("--extra", default="{}", help='diffusion options as JSON, e.g. \'{"threshold": 0.7}\'')
+    ap.add_argument("--client", choices=("raw", "httpx"), default="raw",
+                    help="load generator: a minimal asyncio HTTP/1.1 client (default; ~0.3 ms CPU per request) or "
+                         "httpx (~3 ms: on a small shared machine it takes CPU from the server)")
     ap.add_argument("--skip-sequential", action="store_true", help="skip the one-at-a-time server run")
     ap.add_argument("--repeat", type=int, default=1,
-                    help="interleaved repetitions of the three runs; the median one is shown (noisy machines)")
+                    help="interleaved repetitions of all runs; medians are shown (noisy machines)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
     extra = json.loads(args.extra)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP; the server inherits it
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    try:
+        parsed = {m: parse_mode(m) for m in modes}
+    except ValueError as err:
+        ap.error(f"--modes: {err} is not join, join@N (N blocks of --join-max-spread, 0: no bound) or no-join")
+    if not modes:
+        ap.error("--modes: give at least one")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP; the servers inherit it
     import torch
 
     torch.set_num_threads(args.threads)
@@ -226,72 +338,109 @@ def main(argv: list[str] | None = None) -> int:
 
     offline = Offline(path, args.max_tokens, extra)
     offline.run(prompts[: args.clients], args.clients)  # warm-up
-    port = free_port()
-    proc = start_server(path, port, args.threads, args.clients, args.batch_wait_ms)
-    url = f"http://127.0.0.1:{port}"
-    reps: list[list[dict]] = []  # per repetition: offline, server xN, server x1 (interleaved: shared noise)
+    servers: dict[str, tuple[subprocess.Popen, str]] = {}
+    # runs per repetition: offline, then server xN in each mode, then server x1 (on the first mode's
+    # server: one request at a time never joins anything). Interleaved, so they share the machine's noise.
+    reps: list[dict[str, dict]] = []
     try:
-        asyncio.run(drive(url, prompts[: args.clients], args.clients, args.max_tokens, extra))  # warm-up
+        for mode in modes:
+            port = free_port()
+            proc = start_server(path, port, args.threads, args.clients, args.batch_wait_ms, join=parsed[mode][0],
+                                stream_interval_ms=args.stream_interval_ms, join_max_spread=parsed[mode][1])
+            servers[mode] = (proc, f"http://127.0.0.1:{port}")
+            asyncio.run(drive(servers[mode][1], prompts[: args.clients], args.clients, args.max_tokens, extra,
+                              args.client))  # warm-up
         for _ in range(args.repeat):
-            rows = [offline.run(prompts, args.clients)]
-            for clients in [args.clients] + ([] if args.skip_sequential else [1]):
+            c0 = cpu_seconds()
+            rows = {"offline": offline.run(prompts, args.clients)}
+            rows["offline"]["client_cpu_s"] = cpu_seconds() - c0
+            plan = [(f"server x{args.clients} {m}", m, args.clients) for m in modes]
+            plan += [] if args.skip_sequential else [("server x1", modes[0], 1)]
+            for name, mode, clients in plan:
+                proc, url = servers[mode]
                 before = _batch_stats(httpx.get(url + "/metrics").text)
-                res, wall = asyncio.run(drive(url, prompts, clients, args.max_tokens, extra))
+                s0, c0 = cpu_seconds(proc.pid), cpu_seconds()
+                res, wall = asyncio.run(drive(url, prompts, clients, args.max_tokens, extra, args.client))
+                s1, c1 = cpu_seconds(proc.pid), cpu_seconds()
                 after = _batch_stats(httpx.get(url + "/metrics").text)
-                row = server_row(f"server x{clients}", res, wall)
+                row = server_row(name, res, wall)
                 calls = after[1] - before[1]
                 row["rows_per_call"] = (after[0] - before[0]) / calls if calls else 0.0
                 row["generate_s"], row["forward_s"] = after[2] - before[2], after[3] - before[3]
-                rows.append(row)
-            for r in rows:
+                row["joined_rows"] = after[4] - before[4]
+                row["server_cpu_s"], row["client_cpu_s"] = s1 - s0, c1 - c0
+                rows[name] = row
+            for r in rows.values():
                 r["tok_s"] = r["tokens"] / r["seconds"]
             reps.append(rows)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(timeout=30)
         if tmp is not None:
             tmp.cleanup()
 
-    # the repetition with the median server xN / offline ratio is shown in full
-    ratios = [rows[1]["tok_s"] / rows[0]["tok_s"] for rows in reps]
-    rows = reps[sorted(range(len(reps)), key=lambda i: ratios[i])[len(reps) // 2]]
+    names = list(reps[0])
+    med = statistics.median
     print(f"model={args.model} prompts={len(prompts)} clients={args.clients} max_tokens={args.max_tokens} "
-          f"threads={torch.get_num_threads()} strategy={offline.cfg.strategy} extra={extra} repeat={args.repeat}")
+          f"threads={torch.get_num_threads()} strategy={offline.cfg.strategy} block_length={offline.cfg.block_length} "
+          f"cache={offline.cfg.cache} extra={extra} repeat={args.repeat} (medians over repetitions)")
     head = f"{'mode':<24}{'req':>5}{'tokens':>8}{'wall s':>9}{'tok/s':>9}{'p50 lat':>9}{'p95 lat':>9}" \
-           f"{'p50 ttft':>10}{'p95 ttft':>10}{'NFE/req':>9}"
+           f"{'p50 ttft':>10}{'p95 ttft':>10}{'NFE/req':>9}{'rows/call':>10}"
     print(head)
     print("-" * len(head))
-    for r in rows:
-        print(f"{r['mode']:<24}{r['requests']:>5}{r['tokens']:>8}{r['seconds']:>9.2f}{r['tok_s']:>9.1f}"
-              f"{pct(r['latencies'], .5):>9.3f}{pct(r['latencies'], .95):>9.3f}"
-              f"{pct(r['ttft'], .5):>10.3f}{pct(r['ttft'], .95):>10.3f}{statistics.mean(r['forwards']):>9.1f}")
-    same = sum(a == b for a, b in zip(rows[0]["texts"], rows[1]["texts"]))
-    print(f"\nserver x{args.clients} / offline batched throughput: {ratios[reps.index(rows)]:.2f}"
-          + (f"   (each repetition: {', '.join(f'{x:.2f}' for x in ratios)})" if len(reps) > 1 else ""))
-    if len(rows) > 2:
-        seq = [rs[1]["tok_s"] / rs[2]["tok_s"] for rs in reps]
-        print(f"server x{args.clients} / server x1 (one at a time):   {rows[1]['tok_s'] / rows[2]['tok_s']:.2f}"
-              + (f"   (each repetition: {', '.join(f'{x:.2f}' for x in seq)})" if len(reps) > 1 else ""))
-    # Forward time drifts with the machine's load; the time outside forwards is the server's own cost.
-    norm = (rows[0]["seconds"] / rows[0]["forward_s"]) / (rows[1]["seconds"] / rows[1]["forward_s"])
-    print(f"server x{args.clients} / offline at equal forward speed:  {norm:.2f}   (wall / forward-time ratios; "
-          "the same batches run the same forwards)")
-    print(f"server texts identical to offline: {same}/{len(prompts)}")
-    for r in rows[1:]:
-        print(f"{r['mode']}: {r['rows_per_call']:.2f} rows per generate call; of {r['seconds']:.2f} s wall, "
-              f"{r['generate_s']:.2f} s inside generate, {r['forward_s']:.2f} s in forwards "
-              f"(offline: {rows[0]['seconds']:.2f} s generate, {rows[0]['forward_s']:.2f} s forwards)")
+    for n in names:
+        rs = [rows[n] for rows in reps]
+        print(f"{n:<24}{rs[0]['requests']:>5}{rs[0]['tokens']:>8}{med(r['seconds'] for r in rs):>9.2f}"
+              f"{med(r['tok_s'] for r in rs):>9.1f}{med(pct(r['latencies'], .5) for r in rs):>9.3f}"
+              f"{med(pct(r['latencies'], .95) for r in rs):>9.3f}{med(pct(r['ttft'], .5) for r in rs):>10.3f}"
+              f"{med(pct(r['ttft'], .95) for r in rs):>10.3f}{statistics.mean(rs[0]['forwards']):>9.1f}"
+              + (f"{med(r['rows_per_call'] for r in rs):>10.2f}" if "rows_per_call" in rs[0] else f"{args.clients:>10}"))
+    print()
+
+    def ratio_line(label: str, num: str, den: str) -> None:
+        xs = [rows[num]["tok_s"] / rows[den]["tok_s"] for rows in reps]
+        each = f"   (each repetition: {', '.join(f'{x:.2f}' for x in xs)})" if len(xs) > 1 else ""
+        print(f"{label:<48}{med(xs):.2f}{each}")
+
+    for m in modes:
+        name = f"server x{args.clients} {m}"
+        ratio_line(f"{name} / offline batched:", name, "offline")
+        if not args.skip_sequential:
+            ratio_line(f"{name} / server x1 (one at a time):", name, "server x1")
+    for m in modes:
+        name = f"server x{args.clients} {m}"
+        # Forward time drifts with the machine's load; dividing it out leaves the server's own cost.
+        norm = [(rows["offline"]["seconds"] / rows["offline"]["forward_s"]) / (rows[name]["seconds"] / rows[name]["forward_s"])
+                for rows in reps]
+        same = sum(a == b for rows in reps for a, b in zip(rows["offline"]["texts"], rows[name]["texts"]))
+        print(f"{name}: / offline at equal forward speed {med(norm):.2f}; texts identical to offline "
+              f"{same}/{len(prompts) * len(reps)}")
+    print("\nwhere the time goes (medians; CPU = user + system seconds of the server process / of this client process):")
+    for n in names:
+        rs = [rows[n] for rows in reps]
+        if n == "offline":
+            print(f"  {n:<22} wall {med(r['seconds'] for r in rs):.2f} s = time inside generate; "
+                  f"{med(r['forward_s'] for r in rs):.2f} s in forwards")
+            continue
+        print(f"  {n:<22} wall {med(r['seconds'] for r in rs):.2f} s; inside generate {med(r['generate_s'] for r in rs):.2f} s,"
+              f" forwards {med(r['forward_s'] for r in rs):.2f} s; {med(r['joined_rows'] for r in rs):.0f} rows joined a "
+              f"running call; server CPU {med(r['server_cpu_s'] for r in rs):.2f} s, client CPU "
+              f"{med(r['client_cpu_s'] for r in rs):.2f} s")
     if args.json:
-        args.json.write_text(json.dumps([[{k: v for k, v in r.items() if k != "texts"} for r in rs] for rs in reps],
-                                        indent=2))
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                         "threads": torch.get_num_threads(),
+                                         "repetitions": [{n: {k: v for k, v in r.items() if k != "texts"}
+                                                          for n, r in rows.items()} for rows in reps]}, indent=2))
     return 0
 
 
-STAT_KEYS = ("dllm_batch_size_sum", "dllm_batch_size_count", "dllm_generate_seconds_sum", "dllm_forward_seconds_total")
+STAT_KEYS = ("dllm_batch_size_sum", "dllm_batch_size_count", "dllm_generate_seconds_sum", "dllm_forward_seconds_total",
+             "dllm_joined_rows_total")
 
 
 def _batch_stats(metrics: str) -> tuple[float, ...]:
-    """(rows, generate calls, seconds in generate, seconds in forwards) so far, from the server's metrics."""
+    """(rows, generate calls, seconds in generate, seconds in forwards, joined rows) so far, from the server's metrics."""
     vals = {}
     for ln in metrics.splitlines():
         key, _, value = ln.partition(" ")

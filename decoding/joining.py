@@ -8,7 +8,10 @@ A :class:`~decoding.streaming.BatchStreamer` may hand new prompts to a running `
   block boundary. A new row's prompt is placed so that it *ends* at the current block start, so
   its generated blocks coincide with the batch's block grid.
 * D2F pipeline (block-causal models): before every forward. Rows keep their own block grids, so a
-  new row's prompt ends where the batch's forward window starts (the oldest uncached slot).
+  new row's prompt ends where the batch's forward window starts (the oldest uncached slot). With
+  ``BatchStreamer.join_max_spread_blocks`` set, only while the live rows' windows span at most
+  that many blocks from there (:func:`may_join`): rows that are far apart make every forward
+  cover the union of their windows.
 
 Every row owns a slot range of the canvas (:meth:`decoding.state.DecodeState.admit`): slots outside
 it are invalid for the row (``key_valid``), RoPE positions count its valid slots only, and
@@ -43,6 +46,17 @@ def supports_joining(model, cfg) -> bool:
     if cfg.strategy == "d2f":
         return bool(model.is_block_causal)
     return cfg.strategy in SEMI_AR_STRATEGIES
+
+
+def may_join(streamer, *, place_at: int, window_end: int, live: int, block: int) -> bool:
+    """Whether a D2F call polls for new rows now (see ``BatchStreamer.join_max_spread_blocks``).
+
+    ``place_at`` is where a new prompt would end (the slowest live row's first uncached slot) and
+    ``window_end`` the furthest live row's end: every forward after the join spans at least that
+    range, for every row, until the rows ahead finish.
+    """
+    bound = getattr(streamer, "join_max_spread_blocks", None)
+    return live == 0 or bound is None or window_end - place_at <= bound * block
 
 
 def poll(state, *, place_at: int, runner, cache: DiffusionKVCache | None):

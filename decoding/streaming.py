@@ -14,6 +14,13 @@ from __future__ import annotations
 class BatchStreamer:
     """Override what you need; every method is called from the decoding loop's thread."""
 
+    #: Admission bound for joins in the D2F pipeline (``decoding.joining.may_join``): rows join only
+    #: while the batch's live windows span at most this many blocks from the join point (the
+    #: slowest row's first uncached slot) to the furthest row's end; staggered rows make every
+    #: forward cover the union of their windows. ``None``: join at every forward. A call with no
+    #: live rows always takes new rows.
+    join_max_spread_blocks: float | None = None
+
     def put_row(self, row: int, token_ids: list[int]) -> None:
         """New final tokens of ``row`` (EOS and anything after it are never sent)."""
 

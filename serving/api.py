@@ -85,6 +85,7 @@ class ServerState:
         s = self.settings
         self.engine = Engine(b.model, b.tokenizer, max_batch_size=s.max_batch_size, max_queue=s.max_queue,
                              batch_wait_ms=s.batch_wait_ms, stream_interval_ms=s.stream_interval_ms,
+                             join=s.join, join_max_spread_blocks=s.join_max_spread,
                              metrics=self.metrics, generate_fn=self.generate_fn)
         self.engine.start()
 

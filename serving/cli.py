@@ -25,6 +25,12 @@ def serve(
     batch_wait_ms: float = typer.Option(10.0, "--batch-wait-ms",
                                         help="Before a batch that is not full, wait until no request arrived for this "
                                              "long (and at most 10x this for the clients of the last batch)."),
+    join: bool = typer.Option(True, "--join/--no-join",
+                              help="Continuous batching: waiting requests join the running generate call at its next "
+                                   "block boundary (semi-AR) or forward (d2f); --no-join: only between calls."),
+    join_max_spread: float = typer.Option(2.0, "--join-max-spread",
+                                          help="d2f: join only while the running rows' forward windows span at most "
+                                               "this many blocks (0: no bound)."),
     stream_interval_ms: float = typer.Option(20.0, "--stream-interval-ms",
                                              help="Send new text every decoding step, or every this many ms when "
                                                   "steps are faster (first text and row ends: a quarter of it)."),
@@ -53,7 +59,8 @@ def serve(
     try:
         settings = ServerSettings(model=model, served_model_name=served_model_name, host=host, port=port,
                                   api_key=api_key, max_batch_size=max_batch_size, max_queue=max_queue,
-                                  batch_wait_ms=batch_wait_ms, stream_interval_ms=stream_interval_ms,
+                                  batch_wait_ms=batch_wait_ms, join=join, join_max_spread=join_max_spread or None,
+                                  stream_interval_ms=stream_interval_ms,
                                   max_tokens_cap=max_tokens_cap,
                                   max_prompt_tokens=max_prompt_tokens, max_body_bytes=max_body_bytes,
                                   branch_parallel=branch_parallel, dtype=dtype, device=device)
@@ -84,7 +91,8 @@ def serve(
         typer.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     app = create_app(settings, model=bundle.model, tokenizer=bundle.tokenizer, generate_fn=generate_fn)
-    typer.echo(f"serving {settings.model_name!r} on http://{host}:{port}/v1 (batch {max_batch_size}, queue {max_queue})")
+    typer.echo(f"serving {settings.model_name!r} on http://{host}:{port}/v1 (batch {max_batch_size}, queue {max_queue}, "
+               f"{'joining' if join else 'no joining'})")
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10)
     finally:

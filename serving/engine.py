@@ -141,6 +141,7 @@ class _Streamer(BatchStreamer):
         self.rows = rows  # by row index in the generate call; rows that join are appended
         self.requests = list(requests)  # every request of the call, joined ones included
         self.key = requests[0].key
+        self.join_max_spread_blocks = engine.join_max_spread_blocks
         self.touched = False
         self._buffer: list[tuple[EngineRequest, Event]] = []
         self._urgent = False  # a row's first text or its end is buffered: send it soon
@@ -223,8 +224,8 @@ class Engine:
     """Owns the model; ``submit`` from the event loop, decoding happens on the worker thread."""
 
     def __init__(self, model, tokenizer, *, max_batch_size: int = 8, max_queue: int = 256,
-                 batch_wait_ms: float = 10.0, stream_interval_ms: float = 20.0, metrics=None,
-                 generate_fn=None) -> None:
+                 batch_wait_ms: float = 10.0, stream_interval_ms: float = 20.0, join: bool = True,
+                 join_max_spread_blocks: float | None = None, metrics=None, generate_fn=None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         # The worker decodes with its own copy: a Rust tokenizer must not be used by two threads at once.
@@ -234,6 +235,8 @@ class Engine:
         self.batch_wait = batch_wait_ms / 1000.0
         self.max_wait = 10 * self.batch_wait
         self.stream_interval = stream_interval_ms / 1000.0
+        self.join = join  # continuous batching: waiting requests join the running call
+        self.join_max_spread_blocks = join_max_spread_blocks  # D2F admission bound (decoding.joining.may_join)
         self.metrics = metrics
         self.generate_fn = generate_fn or model.generate
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -369,7 +372,7 @@ class Engine:
         than that joins only an empty call, as it would start one). The first request that does not
         qualify ends the scan, so a request with other settings waits only for the call to drain.
         """
-        if key[1] is not None:  # an isolated (seeded sampling) call: nothing joins it
+        if not self.join or key[1] is not None:  # joining is off, or an isolated (seeded sampling) call
             return []
         out: list[EngineRequest] = []
         with self._cond:

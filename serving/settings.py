@@ -19,6 +19,11 @@ class ServerSettings:
         batch_wait_ms: before starting a batch that is not full, the scheduler waits until no request
             arrived for this long; and after a batch it waits (at most ``10 x`` this) for as many
             requests as that batch had (closed-loop clients send their next request at once).
+        join: continuous batching: waiting requests join a running ``generate`` call at its next
+            join point (see ``serving.engine``); ``False``: new rows start only between calls.
+        join_max_spread: D2F admission bound, in blocks (``decoding.joining.may_join``): requests join
+            a running call only while its live rows' forward windows span at most this many blocks;
+            ``None``: at every forward.
         stream_interval_ms: new text is handed to the responses after every decoding step, or every
             this many ms when steps are faster (a row's first text and its end go out at once).
         max_body_bytes: request bodies above this get 413.
@@ -38,6 +43,8 @@ class ServerSettings:
     max_batch_size: int = 8
     max_queue: int = 256
     batch_wait_ms: float = 10.0
+    join: bool = True
+    join_max_spread: float | None = 2.0
     stream_interval_ms: float = 20.0
     max_body_bytes: int = 1 << 20
     max_prompt_tokens: int = 4096
@@ -61,6 +68,8 @@ class ServerSettings:
         for name in ("batch_wait_ms", "stream_interval_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.join_max_spread is not None and self.join_max_spread < 1:
+            raise ValueError(f"join_max_spread must be >= 1 (blocks), got {self.join_max_spread}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from decoding.joining import poll, supports_joining
+from decoding.joining import may_join, poll, supports_joining
 from decoding.policies import select_above, select_best
 from decoding.runner import ModelRunner
 from decoding.sampling import entropy, llada_choice
@@ -157,7 +157,10 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> d
     while True:
         if join:
             place = min((p.feed_start() for p in plans), default=0)
-            joined, shift, cache = poll(state, place_at=place, runner=runner, cache=cache)
+            joined = 0
+            if may_join(state.batch_streamer, place_at=place, window_end=max((p.end for p in plans), default=place),
+                        live=state.live, block=B):
+                joined, shift, cache = poll(state, place_at=place, runner=runner, cache=cache)
             if joined:
                 for p in plans:
                     p.shift(shift)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoding.joining import supports_joining
+from decoding.joining import may_join, supports_joining
 from decoding.streaming import CollectingBatchStreamer
 from dllm.generation import DiffusionGenerationConfig
 from dllm.testing import EOS, PAD, tiny_dream, tiny_llada
@@ -139,3 +139,59 @@ def test_strategies_without_joining_never_poll(model, strategy, extra):
     out = model.generate(torch.tensor([_ids(5, 2)]), generation_config=cfg.replace(return_dict_in_generate=True),
                          streamer=streamer)
     assert streamer.polls == 0 and out.sequences.shape[0] == 1
+
+
+def test_may_join_bounds_the_spread_of_the_live_windows():
+    class Bounded(CollectingBatchStreamer):
+        join_max_spread_blocks = 2
+
+    s = Bounded()
+    assert may_join(s, place_at=10, window_end=10 + 2 * B, live=3, block=B)
+    assert not may_join(s, place_at=10, window_end=10 + 2 * B + 1, live=3, block=B)
+    assert may_join(s, place_at=10, window_end=10 + 9 * B, live=0, block=B)  # an emptied call always takes rows
+    assert may_join(CollectingBatchStreamer(), place_at=0, window_end=99 * B, live=5, block=B)  # no bound
+    assert may_join(None, place_at=0, window_end=99 * B, live=5, block=B)
+
+
+@pytest.mark.parametrize("bound", [1, 2])
+def test_d2f_with_a_spread_bound_polls_only_inside_it_and_joined_rows_equal_single_runs(eos_bc_model, bound):
+    """The admission bound delays joins (never while the windows spread wider) and keeps joins exact."""
+    kw = {"max_new_tokens": G, "block_length": B, "strategy": "d2f", "skip_threshold": 0.6,
+          "block_add_threshold": 0.25, "decoded_token_threshold": 0.5, "return_dict_in_generate": True}
+    seen: list[tuple[int, int]] = []  # (live rows, spread in slots) at every poll
+    refused: list[tuple[int, int]] = []  # ... where the bound skipped the poll
+
+    class BoundedJoiner(Joiner):
+        join_max_spread_blocks = bound
+
+        def admit_rows(self, first_row, live_rows):
+            self.polls += 1
+            if self.polls > 1 and live_rows and not self.joined_at and first_row == 2:
+                self.joined_at.append((self.polls, first_row, live_rows))
+                return [_ids(7, 3), _ids(11, 4)]
+            return []
+
+    from decoding.loops import pipeline
+
+    real = pipeline.may_join
+
+    def spy(streamer, *, place_at, window_end, live, block):
+        ok = real(streamer, place_at=place_at, window_end=window_end, live=live, block=block)
+        (seen if ok else refused).append((live, window_end - place_at))
+        return ok
+
+    pipeline.may_join = spy
+    try:
+        ids, mask = left_pad(INITIAL, PAD)
+        streamer = BoundedJoiner({})
+        out = eos_bc_model.generate(ids, attention_mask=mask, streamer=streamer, stop_at_eos=False, **kw)
+    finally:
+        pipeline.may_join = real
+    assert streamer.polls == len(seen) > 0
+    assert all(live == 0 or spread <= bound * B for live, spread in seen)
+    assert refused and all(live > 0 and spread > bound * B for live, spread in refused)  # the bound did bite
+    assert len(streamer.joined_at) == 1 and out.sequences.shape[0] == 4
+    for i, p in enumerate(INITIAL + [_ids(7, 3), _ids(11, 4)]):
+        single = eos_bc_model.generate(torch.tensor([p]), stop_at_eos=False, **kw)
+        assert torch.equal(out.sequences[i, -G:], single.sequences[0, -G:]), i
+        assert int(out.num_forwards[i]) == int(single.num_forwards[0]), i

@@ -98,3 +98,51 @@ def test_admission_keeps_arrival_order_batch_size_and_isolation():
         assert e._admit((cfg, None), live_rows=0) == [d] and e.queue_depth == 0
 
     asyncio.run(main())
+
+
+def test_no_join_engine_admits_nothing_and_passes_the_spread_bound_to_the_decoder():
+    from dllm.generation import DiffusionGenerationConfig
+    from dllm.tokenization import build_tokenizer
+    from serving.engine import Engine, _Streamer
+    from serving.settings import ServerSettings
+    from serving.testing import WORDS
+
+    cfg = DiffusionGenerationConfig(max_new_tokens=16, block_length=8)
+
+    async def main():
+        tok = build_tokenizer([WORDS])
+        off = Engine(None, tok, generate_fn=lambda *a, **k: None, join=False)  # not started
+        running = off.submit([[4]], n=1, cfg=cfg, max_tokens=8)
+        off._pending.remove(running)
+        waiting = off.submit([[5]], n=1, cfg=cfg, max_tokens=8)
+        assert _Streamer(off, list(running.rows), [running]).admit_rows(first_row=1, live_rows=1) == []
+        assert off._pending == [waiting]  # it runs in the next call instead
+        on = Engine(None, tok, generate_fn=lambda *a, **k: None, join_max_spread_blocks=2.0)
+        streamer = _Streamer(on, [], [on.submit([[4]], n=1, cfg=cfg, max_tokens=8)])
+        assert streamer.join_max_spread_blocks == 2.0  # read by decoding.joining.may_join
+
+    asyncio.run(main())
+    assert ServerSettings().join and ServerSettings().join_max_spread == 2.0
+    with pytest.raises(ValueError, match="join_max_spread"):
+        ServerSettings(join_max_spread=0.5)
+
+
+def test_server_with_joining_off_never_joins_and_gives_the_same_texts(serve, tmp_path_factory):
+    path = build_checkpoint(tmp_path_factory.mktemp("nojoin"), seed=5, block_causal=True, stop_at_eos=False,
+                            max_new_tokens=32)
+    prompts = ["the cat sat on the mat", "what is two plus three", "red blue green", "one two three four"]
+    texts = {}
+    for join in (True, False):
+        with serve(path, max_batch_size=2, batch_wait_ms=1, join=join) as (url, _app):
+            async def staggered():
+                c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+                tasks = []
+                for p in prompts:  # arrivals spread over the first call
+                    tasks.append(asyncio.create_task(_stream(c, p, {}, p, max_tokens=96)))
+                    await asyncio.sleep(0.01)
+                return await asyncio.gather(*tasks)
+
+            texts[join] = asyncio.run(staggered())
+            if not join:
+                assert _metric(url, "dllm_joined_rows_total") == 0
+    assert texts[True] == texts[False] and all(texts[False])
