@@ -1,19 +1,25 @@
 """Load benchmark for ``dllm serve``: N concurrent streaming clients vs offline batched ``generate``.
 
-Three runs over the same prompts (task-suite prompts, chat template, greedy decoding):
+Runs over the same prompts (task-suite prompts, chat template, greedy decoding, the model's
+decoding config plus ``--extra``, the same ``--max-tokens``), interleaved ``--repeat`` times:
 
 * ``offline``: the prompts through ``model.generate`` in this process, ``--clients`` prompts per
-  call (one batch per round: the best batching the server could reach at that concurrency);
-* ``server xN``: a ``dllm serve`` subprocess, N clients (httpx + asyncio) each streaming its
-  ``--rounds`` requests back to back;
-* ``server x1``: the same server, one request at a time.
+  call (one batch per round: the best batching the server could reach at that concurrency); only
+  the time inside ``generate`` counts;
+* ``server xN MODE``: one ``dllm serve`` subprocess per ``--modes`` entry (``join``: continuous
+  batching with the server's default admission bound; ``join@N``: ``--join-max-spread N``, 0 = no
+  bound; ``no-join``), N closed-loop clients each streaming its ``--rounds`` requests back to back;
+* ``server x1``: the first mode's server, one request at a time.
 
 It reports completion tokens per second, p50/p95 latency, p50/p95 time to first token (first
-streamed text), and the two ratios ``server xN / offline`` and ``server xN / server x1``. torch
-uses ``--threads`` intra-op threads in both processes (``OMP_WAIT_POLICY=PASSIVE`` is set: spin-
-waiting OpenMP threads collapse on a shared CPU box).
+streamed text), the ratios ``server xN / offline`` and ``server xN / server x1`` (medians over the
+repetitions, and each one), rows per ``generate`` call, joined rows, and where the time went
+(inside ``generate``, in forwards, CPU seconds of the server and of the load generator). torch uses
+``--threads`` intra-op threads in every process (``OMP_WAIT_POLICY=PASSIVE`` is set: spin-waiting
+OpenMP threads collapse on a shared CPU box). The clients are a minimal asyncio HTTP client by
+default (``--client httpx`` for httpx), so the load generator takes little CPU from the server.
 
-    python benchmarks/serve_load.py --model tiny-d2f --clients 8 --rounds 4 --max-tokens 64
+    python benchmarks/serve_load.py --model tiny-d2f --clients 8 --rounds 6 --max-tokens 64 --repeat 3
     python benchmarks/serve_load.py --model random   # a random 5M-parameter model of the tiny shape
 """
 

@@ -16,8 +16,11 @@ so they stop costing compute) and **join a running call** where the decoding loo
 before every forward): the loop polls ``_Streamer.admit_rows``, which hands over waiting requests
 with the same config, in arrival order, while the head of the queue is such a request and the
 rows fit in ``max_batch_size`` (an incompatible request at the head stops joining, so the call
-drains and that request runs next: nothing starves). Other strategies (LoPA, d3LLM) take new rows
-between ``generate`` calls only. At temperature 0 a joined row gives the same text as when it runs
+drains and that request runs next: nothing starves). In D2F calls a request joins only while the
+running rows' forward windows span at most ``join_max_spread_blocks`` blocks
+(``decoding.joining.may_join``): staggered rows make every forward cover the union of their windows.
+``join=False`` (``dllm serve --no-join``) turns joining off. Other strategies (LoPA, d3LLM) take new
+rows between ``generate`` calls only. At temperature 0 a joined row gives the same text as when it runs
 alone. A request's rows always run in the same batch. A request that samples (temperature > 0)
 with a ``seed`` runs in a batch of its own (nothing joins it), so its output depends only on the
 request, not on its neighbours.
