@@ -51,8 +51,8 @@ def test_32_concurrent_streams_equal_sequential_runs(server):
     batches_before = app.state.dllm.engine.batches
 
     async def run_all():
-        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
-        return await asyncio.gather(*[_stream_one(client, p, 8 + 8 * (i % 3)) for i, p in enumerate(PROMPTS)])
+        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120) as client:
+            return await asyncio.gather(*[_stream_one(client, p, 8 + 8 * (i % 3)) for i, p in enumerate(PROMPTS)])
 
     concurrent = asyncio.run(run_all())
     assert concurrent == sequential

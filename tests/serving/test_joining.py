@@ -50,12 +50,12 @@ def test_request_arriving_mid_call_joins_it_and_streams_before_the_first_ends(se
 
         async def both():
             events: dict = {}
-            c = client()
-            first = asyncio.create_task(_stream(c, prompts[0], events, "a", **body))
-            while "a_first" not in events:  # the first request is decoding
-                await asyncio.sleep(0.002)
-            second = asyncio.create_task(_stream(c, prompts[1], events, "b", **body))
-            return await first, await second, events
+            async with client() as c:  # closed inside its loop: no "Event loop is closed" at GC time
+                first = asyncio.create_task(_stream(c, prompts[0], events, "a", **body))
+                while "a_first" not in events:  # the first request is decoding
+                    await asyncio.sleep(0.002)
+                second = asyncio.create_task(_stream(c, prompts[1], events, "b", **body))
+                return await first, await second, events
 
         batches = engine.batches
         text_a, text_b, ev = asyncio.run(both())
@@ -64,7 +64,8 @@ def test_request_arriving_mid_call_joins_it_and_streams_before_the_first_ends(se
         assert ev["b_first"] < ev["a_finish"], ev  # it streamed while the first request was still running
 
         async def alone(prompt):
-            return await _stream(client(), prompt, {}, "x", **body)
+            async with client() as c:
+                return await _stream(c, prompt, {}, "x", **body)
 
         assert (text_a, text_b) == (asyncio.run(alone(prompts[0])), asyncio.run(alone(prompts[1])))
         assert text_a and text_b
@@ -135,12 +136,12 @@ def test_server_with_joining_off_never_joins_and_gives_the_same_texts(serve, tmp
     for join in (True, False):
         with serve(path, max_batch_size=2, batch_wait_ms=1, join=join) as (url, _app):
             async def staggered():
-                c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
-                tasks = []
-                for p in prompts:  # arrivals spread over the first call
-                    tasks.append(asyncio.create_task(_stream(c, p, {}, p, max_tokens=96)))
-                    await asyncio.sleep(0.01)
-                return await asyncio.gather(*tasks)
+                async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120) as c:
+                    tasks = []
+                    for p in prompts:  # arrivals spread over the first call
+                        tasks.append(asyncio.create_task(_stream(c, p, {}, p, max_tokens=96)))
+                        await asyncio.sleep(0.01)
+                    return await asyncio.gather(*tasks)
 
             texts[join] = asyncio.run(staggered())
             if not join:
