@@ -93,6 +93,21 @@ def llada_choice(
     return x0, conf
 
 
+def llada_token(
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    generator: torch.Generator | None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+) -> torch.Tensor:
+    """The token of :func:`llada_choice` alone (same random draw), for rules that never read its
+    confidence (d3LLM's entropy rule): skips the float64 softmax over the vocabulary."""
+    if top_p is not None or top_k is not None:
+        logits = filter_top_p_top_k(logits, top_p, top_k)
+    return gumbel_argmax(logits, temperature, generator)
+
+
 def dream_choice(
     logits: torch.Tensor,
     *,

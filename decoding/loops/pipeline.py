@@ -35,7 +35,7 @@ import torch
 from decoding.joining import may_join, poll, supports_joining
 from decoding.policies import select_above, select_best
 from decoding.runner import ModelRunner
-from decoding.sampling import entropy, llada_choice
+from decoding.sampling import entropy, llada_choice, llada_token
 from decoding.state import DecodeState
 
 ACTIVE, TO_CACHE, IN_CACHE = "active", "to_cache", "in_cache"
@@ -218,9 +218,12 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> d
         # 6: decode every active block
         window = state.x[:, start:end]
         candidates = window == mask_id
-        x0, conf = llada_choice(logits, temperature=cfg.temperature, remasking="low_confidence", generator=gen,
-                                top_p=cfg.top_p, top_k=cfg.top_k)
-        ent = None if d2f else entropy(logits)
+        if d2f:
+            x0, conf = llada_choice(logits, temperature=cfg.temperature, remasking="low_confidence", generator=gen,
+                                    top_p=cfg.top_p, top_k=cfg.top_k)
+        else:  # d3LLM decides by entropy only: no confidence needed
+            x0 = llada_token(logits, temperature=cfg.temperature, generator=gen, top_p=cfg.top_p, top_k=cfg.top_k)
+            ent = entropy(logits)
         transfer = torch.zeros_like(candidates)
         for r, p in enumerate(plans):
             forced_first = False
