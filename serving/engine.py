@@ -19,7 +19,8 @@ rows fit in ``max_batch_size`` (an incompatible request at the head stops joinin
 drains and that request runs next: nothing starves). In D2F calls a request joins only while the
 running rows' forward windows span at most ``join_max_spread_blocks`` blocks
 (``decoding.joining.may_join``): staggered rows make every forward cover the union of their windows.
-``join=False`` (``dllm serve --no-join``) turns joining off. Other strategies (LoPA, d3LLM) take new
+Joining is opt-in (``join=True``, ``dllm serve --join``): with short answers on CPU it measured slower than
+batching between calls (docs/serving.md). Other strategies (LoPA, d3LLM) take new
 rows between ``generate`` calls only. At temperature 0 a joined row gives the same text as when it runs
 alone. A request's rows always run in the same batch. A request that samples (temperature > 0)
 with a ``seed`` runs in a batch of its own (nothing joins it), so its output depends only on the
@@ -227,7 +228,7 @@ class Engine:
     """Owns the model; ``submit`` from the event loop, decoding happens on the worker thread."""
 
     def __init__(self, model, tokenizer, *, max_batch_size: int = 8, max_queue: int = 256,
-                 batch_wait_ms: float = 10.0, stream_interval_ms: float = 20.0, join: bool = True,
+                 batch_wait_ms: float = 10.0, stream_interval_ms: float = 20.0, join: bool = False,
                  join_max_spread_blocks: float | None = None, metrics=None, generate_fn=None) -> None:
         self.model = model
         self.tokenizer = tokenizer

@@ -19,7 +19,7 @@ class ServerSettings:
         batch_wait_ms: before starting a batch that is not full, the scheduler waits until no request
             arrived for this long; and after a batch it waits (at most ``10 x`` this) for as many
             requests as that batch had (closed-loop clients send their next request at once).
-        join: continuous batching: waiting requests join a running ``generate`` call at its next
+        join: continuous batching (off by default): waiting requests join a running ``generate`` call at its next
             join point (see ``serving.engine``); ``False``: new rows start only between calls.
         join_max_spread: D2F admission bound, in blocks (``decoding.joining.may_join``): requests join
             a running call only while its live rows' forward windows span at most this many blocks;
@@ -43,7 +43,7 @@ class ServerSettings:
     max_batch_size: int = 8
     max_queue: int = 256
     batch_wait_ms: float = 10.0
-    join: bool = True
+    join: bool = False  # measured: faster for short answers on CPU (docs/serving.md); --join for TTFT
     join_max_spread: float | None = 2.0
     stream_interval_ms: float = 20.0
     max_body_bytes: int = 1 << 20

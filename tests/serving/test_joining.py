@@ -41,7 +41,7 @@ async def _stream(client, prompt: str, events: dict, tag: str, **extra) -> str:
 def test_request_arriving_mid_call_joins_it_and_streams_before_the_first_ends(serve, tmp_path_factory, kind, body):
     path = build_checkpoint(tmp_path_factory.mktemp(f"join-{kind}"), seed=5, block_causal=kind == "d2f",
                             stop_at_eos=False, max_new_tokens=32)
-    with serve(path, max_batch_size=4, batch_wait_ms=5) as (url, app):
+    with serve(path, max_batch_size=4, batch_wait_ms=5, join=True) as (url, app):
         engine = app.state.dllm.engine
         def client():  # one per event loop
             return openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
@@ -81,7 +81,7 @@ def test_admission_keeps_arrival_order_batch_size_and_isolation():
     other = cfg.replace(threshold=0.5)
 
     async def main():
-        e = Engine(None, build_tokenizer([WORDS]), generate_fn=lambda *a, **k: None, max_batch_size=4)  # not started
+        e = Engine(None, build_tokenizer([WORDS]), generate_fn=lambda *a, **k: None, max_batch_size=4, join=True)  # not started
         running = e.submit([[4]], n=1, cfg=cfg, max_tokens=8)
         e._pending.remove(running)  # as if its call were running
         a = e.submit([[5], [6]], n=1, cfg=cfg, max_tokens=8)  # 2 rows
@@ -118,12 +118,12 @@ def test_no_join_engine_admits_nothing_and_passes_the_spread_bound_to_the_decode
         waiting = off.submit([[5]], n=1, cfg=cfg, max_tokens=8)
         assert _Streamer(off, list(running.rows), [running]).admit_rows(first_row=1, live_rows=1) == []
         assert off._pending == [waiting]  # it runs in the next call instead
-        on = Engine(None, tok, generate_fn=lambda *a, **k: None, join_max_spread_blocks=2.0)
+        on = Engine(None, tok, generate_fn=lambda *a, **k: None, join=True, join_max_spread_blocks=2.0)
         streamer = _Streamer(on, [], [on.submit([[4]], n=1, cfg=cfg, max_tokens=8)])
         assert streamer.join_max_spread_blocks == 2.0  # read by decoding.joining.may_join
 
     asyncio.run(main())
-    assert ServerSettings().join and ServerSettings().join_max_spread == 2.0
+    assert not ServerSettings().join and ServerSettings().join_max_spread == 2.0  # joining is opt-in
     with pytest.raises(ValueError, match="join_max_spread"):
         ServerSettings(join_max_spread=0.5)
 
