@@ -202,6 +202,12 @@ class Trainer:
             # new max_steps given on resume) wins. Same recipe: the same schedule, so still bit-identical.
             scheduler.lr_lambdas = [LRSchedule(o.schedule, o.warmup_steps, cfg.max_steps, o.min_lr_ratio)
                                     for _ in scheduler.lr_lambdas]
+            # ... and so does its peak lr (the checkpoint restores the old one as the base lr);
+            # recomputed with LambdaLR's own expression, so an unchanged recipe stays bit-identical
+            scheduler.base_lrs = [o.lr for _ in scheduler.base_lrs]
+            for group, base, lmbda in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+                group["initial_lr"] = base
+                group["lr"] = base * lmbda(scheduler.last_epoch)
         last_good = existing if cfg.resume else None
         if main:
             run_dir.mkdir(parents=True, exist_ok=True)

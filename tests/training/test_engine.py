@@ -146,3 +146,15 @@ def test_resume_with_more_steps_follows_the_new_schedule(tmp_path):
     sched = LRSchedule("cosine", 2, 8, 0.1)
     for step in (6, 8):  # lr logged after `step` updates = base lr x schedule(step)
         assert abs(rows[step] - 1e-3 * sched(step)) < 1e-9
+
+
+def test_resume_with_a_new_lr_and_schedule_uses_them(tmp_path):
+    """The checkpoint restores the old base lr; the recipe's optim.lr / schedule must win on resume."""
+    import csv
+
+    SFTTrainer(load_config(SFTConfig, None, micro_overrides(tmp_path / "run", max_steps=4))).run()
+    flat = load_config(SFTConfig, None, micro_overrides(tmp_path / "run", max_steps=7, resume="true",
+                                                        **{"optim.lr": "2e-4", "optim.schedule": "constant"}))
+    assert SFTTrainer(flat).run().step == 7
+    rows = {int(r["step"]): float(r["lr"]) for r in csv.DictReader((tmp_path / "run" / "metrics.csv").open())}
+    assert abs(rows[6] - 2e-4) < 1e-12 and abs(rows[7] - 2e-4) < 1e-12
