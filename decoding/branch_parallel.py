@@ -57,7 +57,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from decoding.loops.lopa import RoundRequest, RoundResult, SlotSettings, SlotWorker, use_branch_executor
+from decoding.loops.lopa import (
+    RoundRequest,
+    RoundResult,
+    SlotSettings,
+    SlotWorker,
+    use_branch_executor,
+)
 from dllm.generation.config import DiffusionGenerationConfig, GenerationConfigError
 
 
@@ -307,7 +313,7 @@ class BranchParallelExecutor:
             raise
 
     @classmethod
-    def from_process_group(cls, model) -> "BranchParallelExecutor":
+    def from_process_group(cls, model) -> BranchParallelExecutor:
         """Rank 0 of an existing process group (torchrun); the other ranks run ``serve_branches(model)``."""
         self = cls.__new__(cls)
         self._lock = threading.Lock()
@@ -367,7 +373,7 @@ class BranchParallelExecutor:
             if self._tmp is not None:
                 shutil.rmtree(self._tmp, ignore_errors=True)
 
-    def __enter__(self) -> "BranchParallelExecutor":
+    def __enter__(self) -> BranchParallelExecutor:
         return self
 
     def __exit__(self, *exc) -> None:

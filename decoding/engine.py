@@ -6,9 +6,9 @@ import time
 
 import torch
 
-from dllm.generation.config import DiffusionGenerationConfig, GenerationConfigError
 from decoding.registry import check_compatible, get_strategy
 from decoding.state import DecodeState, DiffusionGenerateOutput
+from dllm.generation.config import DiffusionGenerationConfig, GenerationConfigError
 
 
 def resolve_special_ids(model, cfg: DiffusionGenerationConfig, tokenizer=None) -> tuple[int, int | None]:

@@ -88,7 +88,7 @@ class RowPlan:
             b.start -= d
             b.end -= d
 
-    def copy(self) -> "RowPlan":
+    def copy(self) -> RowPlan:
         new = RowPlan.__new__(RowPlan)
         new.blocks = [Block(b.start, b.end, b.state, b.complete, b.done_at) for b in self.blocks]
         new.eos = self.eos

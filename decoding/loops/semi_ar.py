@@ -26,7 +26,12 @@ from __future__ import annotations
 import torch
 
 from decoding.joining import poll, supports_joining
-from decoding.policies import quota_schedule, select_factor, select_threshold, select_top_k
+from decoding.policies import (
+    quota_schedule,
+    select_factor,
+    select_threshold,
+    select_top_k,
+)
 from decoding.runner import ModelRunner
 from decoding.sampling import dream_choice, llada_choice
 from decoding.state import DecodeState
