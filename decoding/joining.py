@@ -1,7 +1,8 @@
 """Continuous batching: rows that join a running decoding loop.
 
-A :class:`~decoding.streaming.BatchStreamer` may hand new prompts to a running ``generate`` call
-(``admit_rows``). The loops that support it poll it at their join points:
+A :class:`~decoding.streaming.BatchStreamer` with ``joins_rows = True`` may hand new prompts to a
+running ``generate`` call (``admit_rows``). The loops that support it poll it at their join points
+(with ``joins_rows`` False they run exactly as without a streamer's joins):
 
 * semi-AR (``vanilla``, ``threshold``, ``factor``, Dream's ``entropy``/``margin``/``maskgit_plus``;
   caches ``none``/``prefix``/``dual`` and the exact block cache of block-causal models): at every
@@ -46,6 +47,11 @@ def supports_joining(model, cfg) -> bool:
     if cfg.strategy == "d2f":
         return bool(model.is_block_causal)
     return cfg.strategy in SEMI_AR_STRATEGIES
+
+
+def joining_enabled(streamer, model, cfg) -> bool:
+    """Whether a loop runs in joining mode: the streamer admits rows and the strategy supports it."""
+    return streamer is not None and bool(getattr(streamer, "joins_rows", False)) and supports_joining(model, cfg)
 
 
 def may_join(streamer, *, place_at: int, window_end: int, live: int, block: int) -> bool:

@@ -14,6 +14,10 @@ from __future__ import annotations
 class BatchStreamer:
     """Override what you need; every method is called from the decoding loop's thread."""
 
+    #: Whether this streamer adds rows to running calls (:meth:`admit_rows`). Loops only switch to
+    #: their joining mode (polls, per-row block grids, retire-at-boundary) when it is True.
+    joins_rows: bool = False
+
     #: Admission bound for joins in the D2F pipeline (``decoding.joining.may_join``): rows join only
     #: while the batch's live windows span at most this many blocks from the join point (the
     #: slowest row's first uncached slot) to the furthest row's end; staggered rows make every
@@ -39,7 +43,8 @@ class BatchStreamer:
         become rows ``first_row``, ``first_row + 1``, ... in order (indices for ``put_row``,
         ``end_row``, ``cancelled_rows`` and the output); ``live_rows`` is the number of rows running
         now. A joined row decodes with the call's config and, at temperature 0, produces the same
-        tokens and forward count as when it runs alone. The default adds nothing.
+        tokens and forward count as when it runs alone. Only polled when :attr:`joins_rows` is True;
+        the default adds nothing.
         """
         return []
 

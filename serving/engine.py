@@ -145,6 +145,7 @@ class _Streamer(BatchStreamer):
         self.rows = rows  # by row index in the generate call; rows that join are appended
         self.requests = list(requests)  # every request of the call, joined ones included
         self.key = requests[0].key
+        self.joins_rows = engine.join and self.key[1] is None  # isolated (seeded sampling) calls take nobody
         self.join_max_spread_blocks = engine.join_max_spread_blocks
         self.touched = False
         self._buffer: list[tuple[EngineRequest, Event]] = []

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from decoding.joining import may_join, poll, supports_joining
+from decoding.joining import joining_enabled, may_join, poll
 from decoding.policies import select_above, select_best
 from decoding.runner import ModelRunner
 from decoding.sampling import entropy, llada_choice, llada_token
@@ -153,7 +153,7 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> d
 
     # Continuous batching (decoding.joining), D2F only: before every forward new rows may join, their
     # prompts ending where the batch's forward window starts.
-    join = d2f and state.batch_streamer is not None and supports_joining(model, cfg)
+    join = d2f and joining_enabled(state.batch_streamer, model, cfg)
     while True:
         if join:
             place = min((p.feed_start() for p in plans), default=0)

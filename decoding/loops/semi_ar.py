@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from decoding.joining import poll, supports_joining
+from decoding.joining import joining_enabled, poll
 from decoding.policies import (
     quota_schedule,
     select_factor,
@@ -85,7 +85,7 @@ def decode_semi_ar(model, state: DecodeState, gen: torch.Generator | None) -> di
 
     # Continuous batching (decoding.joining): at each block boundary rows whose generated region is
     # done leave, and new rows join with their prompts ending at the block start.
-    join = state.batch_streamer is not None and supports_joining(model, cfg)
+    join = joining_enabled(state.batch_streamer, model, cfg)
     blk, s = 0, P
     while True:
         if join:

@@ -46,6 +46,8 @@ def _ids(n: int, seed: int) -> list[int]:
 class Joiner(CollectingBatchStreamer):
     """Admits scripted prompts at given polls (1-based); records where rows joined."""
 
+    joins_rows = True
+
     def __init__(self, schedule: dict[int, list[list[int]]]) -> None:
         super().__init__()
         self.schedule = schedule
@@ -195,3 +197,17 @@ def test_d2f_with_a_spread_bound_polls_only_inside_it_and_joined_rows_equal_sing
         single = eos_bc_model.generate(torch.tensor([p]), stop_at_eos=False, **kw)
         assert torch.equal(out.sequences[i, -G:], single.sequences[0, -G:]), i
         assert int(out.num_forwards[i]) == int(single.num_forwards[0]), i
+
+
+def test_a_streamer_that_does_not_join_rows_is_never_polled(bc_model):
+    """joins_rows False (the default, and the server without --join): the loops stay in plain mode."""
+    kw = {"max_new_tokens": G, "block_length": B, "strategy": "d2f", "skip_threshold": 0.6, "stop_at_eos": False,
+          "return_dict_in_generate": True}
+
+    class Passive(Joiner):
+        joins_rows = False
+
+    s = Passive({1: [_ids(5, 9)]})
+    out = bc_model.generate(torch.tensor([_ids(7, 3)]), streamer=s, **kw)
+    assert s.polls == 0 and out.sequences.shape[0] == 1
+    assert torch.equal(out.sequences, bc_model.generate(torch.tensor([_ids(7, 3)]), **kw).sequences)
