@@ -236,10 +236,12 @@ async def drive(url: str, prompts: list[str], clients: int, max_tokens: int, ext
 
 
 def start_server(path: Path, port: int, threads: int, max_batch: int, batch_wait_ms: float | None, join: bool = True,
-                 stream_interval_ms: float | None = None, join_max_spread: float | None = None) -> subprocess.Popen:
+                 stream_interval_ms: float | None = None, join_max_spread: float | None = None,
+                 engine_process: bool = True) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "dllm.cli", "serve", "--model", str(path), "--port", str(port),
            "--num-threads", str(threads), "--max-batch-size", str(max_batch), "--served-model-name", "bench",
-           "--log-level", "warning", "--join" if join else "--no-join"]
+           "--log-level", "warning", "--join" if join else "--no-join",
+           "--engine-process" if engine_process else "--in-process"]
     cmd += [] if batch_wait_ms is None else ["--batch-wait-ms", str(batch_wait_ms)]
     cmd += [] if stream_interval_ms is None else ["--stream-interval-ms", str(stream_interval_ms)]
     cmd += [] if join_max_spread is None else ["--join-max-spread", str(join_max_spread)]
@@ -260,13 +262,18 @@ def start_server(path: Path, port: int, threads: int, max_batch: int, batch_wait
 
 
 def cpu_seconds(pid: int | None = None) -> float:
-    """CPU time (user + system) of this process, or of process ``pid`` (Linux /proc; NaN elsewhere)."""
+    """CPU time (user + system) of this process, or of process ``pid`` and its live children (the
+    server's engine process) (Linux /proc; NaN elsewhere)."""
     if pid is None:
         t = os.times()
         return t.user + t.system
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                total += cpu_seconds(int(child))
+        return total
     except (OSError, ValueError, IndexError):
         return float("nan")
 
@@ -288,12 +295,18 @@ def free_port() -> int:
 MODES = {"join": True, "no-join": False}
 
 
-def parse_mode(mode: str) -> tuple[bool, float | None]:
-    """``join`` (the server's default admission bound), ``join@N`` (--join-max-spread N; 0: none), ``no-join``."""
-    name, _, spread = mode.partition("@")
+def parse_mode(mode: str) -> tuple[bool, float | None, bool]:
+    """``join`` (the server's default admission bound), ``join@N`` (--join-max-spread N; 0: none), ``no-join``;
+    a ``:inproc`` suffix runs the server with ``--in-process`` (decoding thread in the HTTP process).
+
+    Returns (join, join_max_spread, engine_process)."""
+    base, _, suffix = mode.partition(":")
+    if suffix not in ("", "inproc"):
+        raise ValueError(mode)
+    name, _, spread = base.partition("@")
     if name not in MODES or (spread and name != "join"):
         raise ValueError(mode)
-    return MODES[name], float(spread) if spread else None
+    return MODES[name], float(spread) if spread else None, suffix != "inproc"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="join,no-join",
                     help="server scheduling modes to compare, comma-separated: join (continuous batching, "
                          "dllm serve --join), join@N (with --join-max-spread N; 0: unbounded), no-join (rows start "
-                         "only between generate calls)")
+                         "only between generate calls); append :inproc for an in-process engine (--in-process), "
+                         "e.g. no-join:inproc")
     ap.add_argument("--batch-wait-ms", type=float, default=None, help="the server's --batch-wait-ms (default: its own)")
     ap.add_argument("--stream-interval-ms", type=float, default=None,
                     help="the server's --stream-interval-ms (default: its own)")
@@ -324,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parsed = {m: parse_mode(m) for m in modes}
     except ValueError as err:
-        ap.error(f"--modes: {err} is not join, join@N (N blocks of --join-max-spread, 0: no bound) or no-join")
+        ap.error(f"--modes: {err} is not join, join@N (N blocks of --join-max-spread, 0: no bound) or no-join, "
+                 "optionally with :inproc")
     if not modes:
         ap.error("--modes: give at least one")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP; the servers inherit it
@@ -352,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             port = free_port()
             proc = start_server(path, port, args.threads, args.clients, args.batch_wait_ms, join=parsed[mode][0],
-                                stream_interval_ms=args.stream_interval_ms, join_max_spread=parsed[mode][1])
+                                stream_interval_ms=args.stream_interval_ms, join_max_spread=parsed[mode][1],
+                                engine_process=parsed[mode][2])
             servers[mode] = (proc, f"http://127.0.0.1:{port}")
             asyncio.run(drive(servers[mode][1], prompts[: args.clients], args.clients, args.max_tokens, extra,
                               args.client))  # warm-up

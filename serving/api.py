@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from dllm.generation.config import DiffusionGenerationConfig, GenerationConfigError
 
 from .engine import Engine, EngineRequest
+from .engine_process import ModelInfo, RemoteEngine
 from .errors import ServingError, bad_request, internal, not_ready, unsupported
 from .metrics import ServerMetrics
 from .protocol import DIFFUSION_FIELDS, ChatCompletionRequest, CompletionRequest, usage
@@ -44,14 +45,20 @@ class ModelBundle:
     """The model, its tokenizer and what requests are checked against."""
 
     def __init__(self, model, tokenizer) -> None:
+        """``model``: the loaded model, or the :class:`~serving.engine_process.ModelInfo` of one that
+        lives in the engine process."""
         from dllm.loading import require_mask_token
 
         self.model = model
         self.tokenizer = tokenizer
         base = model.diffusion_generation_config
         self.base_cfg = base.replace(return_dict_in_generate=True, stop_strings=(), seed=None)
-        self.mask_id = base.mask_token_id if base.mask_token_id is not None else require_mask_token(model, tokenizer)
-        rows = model.get_input_embeddings().weight.shape[0]
+        if isinstance(model, ModelInfo):
+            self.mask_id = model.mask_token_id
+            rows = model.vocab_rows
+        else:
+            self.mask_id = base.mask_token_id if base.mask_token_id is not None else require_mask_token(model, tokenizer)
+            rows = model.get_input_embeddings().weight.shape[0]
         self.vocab_size = min(rows, len(tokenizer))
         cfg = model.config
         self.context_length = getattr(cfg, "max_sequence_length", None) or getattr(cfg, "max_position_embeddings", None)
@@ -89,17 +96,56 @@ class ServerState:
                              metrics=self.metrics, generate_fn=self.generate_fn)
         self.engine.start()
 
+    def engine_spec(self) -> dict:
+        """What the engine process needs (``settings.engine_process``)."""
+        s = self.settings
+        return {"model": s.model, "dtype": s.dtype, "device": s.device, "num_threads": s.num_threads,
+                "branch_parallel": s.branch_parallel,
+                "engine": {"max_batch_size": s.max_batch_size, "max_queue": s.max_queue,
+                           "batch_wait_ms": s.batch_wait_ms, "stream_interval_ms": s.stream_interval_ms,
+                           "join": s.join, "join_max_spread_blocks": s.join_max_spread}}
+
+    def load_remote(self) -> None:
+        """Start the engine process, wait for its model, load the tokenizer here (blocking)."""
+        from dllm.loading import resolve_model_path
+        from dllm.text import load_tokenizer_for
+
+        tokenizer = load_tokenizer_for(resolve_model_path(self.settings.model))  # a bad path fails before the spawn
+        engine = RemoteEngine(self.engine_spec(), max_queue=self.settings.max_queue, metrics=self.metrics)
+        info = engine.start()
+        try:
+            self.bundle = ModelBundle(info, tokenizer)
+        except Exception:
+            engine.stop()
+            raise
+        self.engine = engine
+
     @property
     def ready(self) -> bool:
         return self.engine is not None
 
 
-def create_app(settings: ServerSettings | None = None, *, model=None, tokenizer=None, generate_fn=None) -> FastAPI:
+def create_app(settings: ServerSettings | None = None, *, model=None, tokenizer=None, generate_fn=None,
+               engine: RemoteEngine | None = None) -> FastAPI:
+    """The FastAPI app.
+
+    * ``model`` + ``tokenizer``: serve an already loaded model with a decoding thread in this process;
+    * ``engine`` (a started :class:`~serving.engine_process.RemoteEngine`) + ``tokenizer``: the model
+      lives in the engine process (what ``dllm serve`` does by default);
+    * neither: load ``settings.model`` in the background (``settings.engine_process`` picks where).
+    """
     settings = settings or ServerSettings()
-    if (model is None) != (tokenizer is None):
+    if engine is not None:
+        if tokenizer is None or model is not None:
+            raise ValueError("with engine=, pass the tokenizer and no model (the model lives in the engine process)")
+        model = engine.info
+    elif (model is None) != (tokenizer is None):
         raise ValueError("pass both model and tokenizer, or neither (then settings.model is loaded)")
     state = ServerState(settings, ModelBundle(model, tokenizer) if model is not None else None)
     state.generate_fn = generate_fn
+    if engine is not None:
+        engine.metrics = state.metrics
+        state.engine = engine
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -107,13 +153,16 @@ def create_app(settings: ServerSettings | None = None, *, model=None, tokenizer=
         if state.bundle is None:
             async def load() -> None:
                 try:
-                    state.bundle = await asyncio.to_thread(load_bundle, settings)
-                    state.start_engine()
+                    if settings.engine_process:
+                        await asyncio.to_thread(state.load_remote)
+                    else:
+                        state.bundle = await asyncio.to_thread(load_bundle, settings)
+                        state.start_engine()
                 except Exception as err:  # /ready stays 503 and says why
                     log.exception("loading %s failed", settings.model)
                     state.load_error = f"{type(err).__name__}: {err}"
             loader = asyncio.create_task(load())
-        else:
+        elif state.engine is None:
             state.start_engine()
         try:
             yield
@@ -512,7 +561,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/health")
     async def health():
-        if state.engine is not None and state.engine._thread is not None and not state.engine._thread.is_alive():
+        if state.engine is not None and not state.engine.alive:
             return JSONResponse({"status": "error", "detail": "the decoding worker stopped"}, status_code=503)
         return {"status": "ok"}
 

@@ -39,6 +39,10 @@ def serve(
     max_body_bytes: int = typer.Option(1 << 20, "--max-body-bytes", help="Larger request bodies get 413."),
     branch_parallel: int = typer.Option(1, "--branch-parallel",
                                         help="Ranks evaluating LoPA branches: this process + N-1 spawned workers."),
+    engine_process: bool = typer.Option(True, "--engine-process/--in-process",
+                                        help="Decode in a separate engine process (default), so HTTP handling and "
+                                             "decoding do not share one GIL; --in-process: a decoding thread in the "
+                                             "server process."),
     dtype: str | None = typer.Option(None, help="float32, bfloat16 or float16."),
     device: str | None = typer.Option(None, help="cpu, cuda, cuda:1, ..."),
     num_threads: int | None = typer.Option(None, "--num-threads", help="torch CPU threads (default: torch's)."),
@@ -63,25 +67,43 @@ def serve(
                                   stream_interval_ms=stream_interval_ms,
                                   max_tokens_cap=max_tokens_cap,
                                   max_prompt_tokens=max_prompt_tokens, max_body_bytes=max_body_bytes,
-                                  branch_parallel=branch_parallel, dtype=dtype, device=device)
+                                  branch_parallel=branch_parallel, engine_process=engine_process, dtype=dtype,
+                                  device=device, num_threads=num_threads)
     except ValueError as err:
         _fail(str(err))
         return
-    if num_threads is not None:
-        import torch
+    remote = None
+    if engine_process:
+        from .api import ServerState
 
-        torch.set_num_threads(num_threads)
+        state = ServerState(settings, None)
+        try:
+            if branch_parallel > 1:
+                from .branch import executor_class
+
+                executor_class()  # missing executor: say so here, not from inside the engine process
+            state.load_remote()  # the engine process loads the model; its errors come back as text
+        except (BranchParallelUnavailable, CheckpointError, ValueError, OSError, RuntimeError) as err:
+            _fail(str(err))
+            return
+        remote, tokenizer = state.engine, state.bundle.tokenizer
+    else:
+        if num_threads is not None:
+            import torch
+
+            torch.set_num_threads(num_threads)
     generate_fn = None
     executor = None
     try:
-        if branch_parallel > 1:
+        if branch_parallel > 1 and not engine_process:
             from dllm.loading import resolve_model_path
 
             # Ranks 1..N-1 are spawned processes with their own replica; this process is rank 0.
             executor = start_executor(resolve_model_path(model), branch_parallel, dtype=dtype, device=device,
                                       num_threads=num_threads)
             generate_fn = executor.generate
-        bundle: ModelBundle = load_bundle(settings, model=executor.model if executor else None)
+        if not engine_process:
+            bundle: ModelBundle = load_bundle(settings, model=executor.model if executor else None)
     except (BranchParallelUnavailable, CheckpointError, ValueError, OSError, RuntimeError) as err:
         if executor is not None:
             executor.close()
@@ -90,11 +112,16 @@ def serve(
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         typer.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    app = create_app(settings, model=bundle.model, tokenizer=bundle.tokenizer, generate_fn=generate_fn)
+    if engine_process:
+        app = create_app(settings, tokenizer=tokenizer, engine=remote)
+    else:
+        app = create_app(settings, model=bundle.model, tokenizer=bundle.tokenizer, generate_fn=generate_fn)
     typer.echo(f"serving {settings.model_name!r} on http://{host}:{port}/v1 (batch {max_batch_size}, queue {max_queue}, "
-               f"{'joining' if join else 'no joining'})")
+               f"{'joining' if join else 'no joining'}, {'engine process' if engine_process else 'in-process engine'})")
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10)
     finally:
         if executor is not None:
             executor.close()
+        if remote is not None:
+            remote.stop()  # a no-op after the app's shutdown stopped it

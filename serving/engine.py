@@ -280,6 +280,11 @@ class Engine:
     def queue_depth(self) -> int:
         return len(self._pending)
 
+    @property
+    def alive(self) -> bool:
+        """False once the worker thread has died (``/health`` then answers 503)."""
+        return self._thread is None or self._thread.is_alive()
+
     # -- loop side ---------------------------------------------------------------------------
     def submit(self, prompts: list[list[int]], *, n: int, cfg: DiffusionGenerationConfig, max_tokens: int,
                stop: tuple[str, ...] = (), isolated: bool = False) -> EngineRequest:

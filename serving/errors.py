@@ -27,6 +27,9 @@ class ServingError(Exception):
         self.retry = retry
         self.headers = dict(headers or {})
 
+    def __reduce__(self):  # picklable: errors cross from the engine process to the API process
+        return (_rebuild, (self.status, self.message, self.type, self.param, self.code, self.retry, self.headers))
+
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
@@ -35,6 +38,10 @@ class ServingError(Exception):
         if not self.retry:
             headers["x-should-retry"] = "false"
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def _rebuild(status, message, type, param, code, retry, headers) -> ServingError:
+    return ServingError(status, message, type=type, param=param, code=code, retry=retry, headers=headers)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ServingError:

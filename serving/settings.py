@@ -32,7 +32,11 @@ class ServerSettings:
         max_n / max_prompts / max_rows_per_request: fan-out caps (``n``, prompt lists, n x prompts).
         max_stop / max_stop_length: how many stop strings, and how long each.
         branch_parallel: processes evaluating LoPA branches (needs the decoding executor).
-        dtype / device: how to load the model.
+        engine_process: decode in a separate process (what ``dllm serve`` does): the HTTP event loop
+            and the decoding loop then do not share one GIL (``serving.engine_process``). ``False``:
+            a decoding thread in the server process (``create_app(model=...)`` always works this way).
+        dtype / device / num_threads: how to load and run the model (``num_threads``: torch CPU
+            threads of the engine process; ``None``: torch's default).
     """
 
     model: str = "tiny-d2f"
@@ -55,8 +59,10 @@ class ServerSettings:
     max_stop: int = 16
     max_stop_length: int = 256
     branch_parallel: int = 1
+    engine_process: bool = False
     dtype: str | None = None
     device: str | None = None
+    num_threads: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_queue", "max_body_bytes", "max_prompt_tokens", "max_tokens_cap",
@@ -70,6 +76,8 @@ class ServerSettings:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.join_max_spread is not None and self.join_max_spread < 1:
             raise ValueError(f"join_max_spread must be >= 1 (blocks), got {self.join_max_spread}")
+        if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
+            raise ValueError(f"num_threads must be a positive integer, got {self.num_threads!r}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
 
