@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import platform
+import re
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -175,6 +176,11 @@ def run_bench(
                     ps["total"] += 1
                     ps["tokens"] += res.generated_tokens
                     ps["forwards"] += res.num_forwards
+                    cat = by_name[ex.suite].category(ex)
+                    if cat is not None:
+                        pc = ps.setdefault("categories", {}).setdefault(cat, {"correct": 0, "total": 0})
+                        pc["correct"] += int(score.correct)
+                        pc["total"] += 1
                 if bar is not None:
                     bar.update(task, advance=1, description=methods[mi].label)
     finally:
@@ -204,7 +210,11 @@ def summarise(stats: list[MethodStats], *, model_name: str, suites: str, n: int,
             "seconds": st.seconds,
             "examples": st.total,
             "per_suite": {k: {"accuracy": 100.0 * v["correct"] / max(1, v["total"]),
-                              "tpf": v["tokens"] / max(1, v["forwards"]), "n": v["total"]}
+                              "tpf": v["tokens"] / max(1, v["forwards"]), "n": v["total"],
+                              **({"categories": {c: {"accuracy": 100.0 * x["correct"] / x["total"], "n": x["total"]}
+                                                 for c, x in sorted(v["categories"].items(),
+                                                                    key=lambda kv: _natural(kv[0]))}}
+                                 if v.get("categories") else {})}
                           for k, v in st.per_suite.items()},
         })
     base = rows[0]
@@ -221,6 +231,11 @@ def summarise(stats: list[MethodStats], *, model_name: str, suites: str, n: int,
         "machine": machine_info(),
         "results": rows,
     }
+
+
+def _natural(text: str) -> tuple:
+    """Sort key that orders "6 blanks" before "10 blanks" and "+2" before "+3" before "-1"."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
 
 
 def method_aup(base: dict, row: dict, y_max: float) -> float:
@@ -251,6 +266,22 @@ def format_table(report: dict) -> str:
     lines.append(f"model={report['model']} suite={report['suite']} n={report['n']}/suite batch={report['batch_size']} "
                  f"torch_threads={m['torch_threads']} device={m['device']} {m['date']}")
     return "\n".join(lines)
+
+
+def format_categories(report: dict) -> str:
+    """Accuracy per problem category (``TaskSuite.category``), one column per method: ``acc% (n)``."""
+    rows = report["results"]
+    labels = [r["label"][:22] for r in rows]
+    head = f"{'suite':<10} {'category':<16}" + "".join(f" {lab:>22}" for lab in labels)
+    lines = [head, "-" * len(head)]
+    for suite, ps in rows[0]["per_suite"].items():
+        for cat in ps.get("categories", {}):
+            cells = []
+            for r in rows:
+                c = r["per_suite"].get(suite, {}).get("categories", {}).get(cat)
+                cells.append(f"{c['accuracy']:.1f}% ({c['n']})" if c else "-")
+            lines.append(f"{suite:<10} {cat:<16}" + "".join(f" {x:>22}" for x in cells))
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def pareto_plot(report: dict, path: str) -> None:

@@ -26,6 +26,9 @@ def bench(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report here."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write an accuracy-vs-TPF Pareto chart (PNG)."),
     no_progress: bool = typer.Option(False, "--no-progress"),
+    by_category: bool = typer.Option(False, "--by-category",
+                                     help="Also print accuracy per problem category (list op, arith operator and "
+                                          "width, gsm steps, sudoku blanks); always in --json."),
 ) -> None:
     """Run decoding strategies side by side on the same prompts and print accuracy, TPF, NFE, speed and AUP."""
     import torch
@@ -34,7 +37,15 @@ def bench(
     from dllm.loading import CheckpointError, load_model, resolve_model_path
     from dllm.text import load_tokenizer_for
     from decoding.registry import StrategyError
-    from eval.bench import BenchSpecError, apply_sweep, format_table, parse_methods, pareto_plot, run_bench
+    from eval.bench import (
+        BenchSpecError,
+        apply_sweep,
+        format_categories,
+        format_table,
+        parse_methods,
+        pareto_plot,
+        run_bench,
+    )
 
     def fail(msg: str) -> None:
         typer.echo(f"error: {msg}", err=True)
@@ -61,6 +72,9 @@ def bench(
         return
     report["model"] = model
     typer.echo(format_table(report))
+    if by_category and format_categories(report):
+        typer.echo("")
+        typer.echo(format_categories(report))
     if json_out:
         json_out.write_text(json.dumps(report, indent=2) + "\n")
         typer.echo(f"wrote {json_out}")

@@ -43,6 +43,11 @@ class ArithSuite(TaskSuite):
             meta={"op": op, "a": a, "b": b, "answer": value},
         )
 
+    def category(self, example: Example) -> str:
+        """The operator and the widest operand's digit count: ``+3`` (up to 3-digit addition), ``-2``, ``*2``."""
+        m = example.meta
+        return f"{m['op']}{max(len(str(m['a'])), len(str(m['b'])))}"
+
     def score(self, example: Example, completion: str) -> Score:
         """Correct iff the first integer in the completion equals the result."""
         got = first_int(completion)

@@ -91,6 +91,10 @@ class TaskSuite(ABC):
     def score(self, example: Example, completion: str) -> Score:
         """Score a model completion (raw text) against ``example``."""
 
+    def category(self, example: Example) -> str | None:
+        """The kind of problem (``dllm bench`` reports accuracy per category); ``None``: one kind."""
+        return None
+
     def examples(self, split: str, n: int, seed: int = 0) -> list[Example]:
         """``n`` distinct problems of ``split`` ("train"/"test"); deterministic in (split, n, seed).
 

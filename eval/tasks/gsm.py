@@ -180,6 +180,10 @@ class GsmSuite(TaskSuite):
         meta = {"template": t.name, "answer": gold, "n_steps": len(steps)}
         return Problem(key, prompt, answer, meta)
 
+    def category(self, example: Example) -> str:
+        """The number of solution steps (``2 steps``, ``3 steps``)."""
+        return f"{example.meta['n_steps']} steps"
+
     def score(self, example: Example, completion: str) -> Score:
         """Correct iff the integer after the last ``####`` (else the last integer) equals the gold."""
         got = extract_final_answer(completion)

@@ -101,6 +101,10 @@ class ListsSuite(TaskSuite):
         meta["answer"] = result
         return Problem(key, f"{prompt} {' '.join(items)}", " ".join(result), meta)
 
+    def category(self, example: Example) -> str:
+        """The operation (copy, reverse, sort, insert, remove, replace, shuffle, replace_random)."""
+        return example.meta["op"]
+
     def score(self, example: Example, completion: str) -> Score:
         """Exact match for deterministic ops; structural checks for shuffle / replace_random."""
         m = example.meta

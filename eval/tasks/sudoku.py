@@ -107,6 +107,10 @@ class SudokuSuite(TaskSuite):
         meta = {"puzzle": puzzle, "solution": solution, "givens": givens}
         return Problem(puzzle, f"sudoku : {format_grid(puzzle)}", format_grid(solution), meta)
 
+    def category(self, example: Example) -> str:
+        """How many cells are blank (``8 blanks``)."""
+        return f"{16 - example.meta['givens']} blanks"
+
     def score(self, example: Example, completion: str) -> Score:
         """Exact grid match => correct (reward 1); otherwise reward = 0.5 * blank accuracy."""
         puzzle, solution = example.meta["puzzle"], example.meta["solution"]

@@ -67,6 +67,33 @@ def test_bench_cli_end_to_end(ckpt, tmp_path):
     assert report["machine"]["torch_threads"] == 2
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "speedup" in res.output and "AUP" in res.output
+    # accuracy per category (list op, arith operator and width) adds up to the suite's
+    for r in report["results"]:
+        for suite, ps in r["per_suite"].items():
+            cats = ps["categories"]
+            assert sum(c["n"] for c in cats.values()) == ps["n"] == 3
+            correct = sum(c["accuracy"] * c["n"] / 100 for c in cats.values())
+            assert correct == pytest.approx(ps["accuracy"] * ps["n"] / 100)
+    assert all(c in {"copy", "reverse", "sort", "insert", "remove", "replace", "shuffle", "replace_random"}
+               for c in report["results"][0]["per_suite"]["lists"]["categories"])
+    res = CliRunner().invoke(app, ["bench", "--model", str(ckpt), "--suite", "lists", "--n", "2", "--strategies",
+                                   "vanilla", "--by-category", "--no-progress"])
+    assert res.exit_code == 0 and "category" in res.output and "lists" in res.output.split("category")[1]
+
+
+def test_suite_categories():
+    from eval.bench import _natural
+    from eval.tasks import get_suite
+
+    for name, pattern in (("arith", r"[+*-][123]"), ("lists", r"[a-z_]+"), ("gsm", r"[23] steps"),
+                          ("sudoku", r"\d+ blanks")):
+        suite = get_suite(name)
+        cats = {suite.category(e) for e in suite.examples("test", 60)}
+        assert cats and all(__import__("re").fullmatch(pattern, c) for c in cats), (name, cats)
+    assert get_suite("countdown").category(get_suite("countdown").examples("test", 1)[0]) is None
+    ex = get_suite("arith").examples("test", 200)
+    assert {get_suite("arith").category(e) for e in ex if e.meta["op"] == "*"} <= {"*1", "*2"}
+    assert sorted(["10 blanks", "6 blanks", "+3", "+10"], key=_natural) == ["6 blanks", "10 blanks", "+3", "+10"]
 
 
 def test_bench_cli_user_errors(ckpt):
