@@ -7,6 +7,13 @@ leading/trailing space, which is how every task suite writes its prompts and ans
 count therefore equals ``eval.tasks.count_tokens``: the marker never costs a token.
 
 Chat format: ``<|user|> {prompt} <|assistant|>`` then the answer and ``<|eos|>``.
+
+``pad_numbers=W`` left-pads every number shorter than W digits with an *empty digit* token ``∅``
+that decodes to nothing (``"35 + 84"`` -> ``▁∅ ∅ 3 5 ▁+ ▁∅ ∅ 8 4``): the text round-trips
+unchanged, but a digit's place is now a fixed position inside its number, which is what a small
+model needs to line up operands (docs/training.md: a from-scratch ``arith`` run reached 59% after
+600 steps with W=4, against 3% with plain digits). Runs of single digits separated by spaces (a
+Sudoku grid's cells, ``0 0 0 2 / 2 1 4 3``) are cells, not numbers: only the first is padded.
 """
 
 from __future__ import annotations
@@ -15,7 +22,15 @@ import string
 from collections.abc import Iterable
 from pathlib import Path
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+)
 
 SPACE = "\u2581"  # "▁"
 MASK_TOKEN = "<|mask|>"
@@ -31,6 +46,9 @@ SPECIAL_TOKENS = (PAD_TOKEN, UNK_TOKEN, EOS_TOKEN, MASK_TOKEN, USER_TOKEN, ASSIS
 # (only produced by runs of spaces, which canonical text does not contain).
 PIECE_PATTERN = rf"{SPACE}?[A-Za-z]+|{SPACE}?[0-9]|{SPACE}?[^A-Za-z0-9{SPACE}]|{SPACE}"
 
+EMPTY_DIGIT = "\u2205"  # "∅": pads numbers to a fixed width (pad_numbers); decodes to nothing
+PADDED_PIECE_PATTERN = rf"{SPACE}?[A-Za-z]+|{SPACE}?[0-9{EMPTY_DIGIT}]|{SPACE}?[^A-Za-z0-9{SPACE}{EMPTY_DIGIT}]|{SPACE}"
+
 # Roles: the user turn and the generation prompt are what training and generation feed the model.
 # A system message is rendered as a user turn (the tiny models have no system role).
 CHAT_TEMPLATE = (
@@ -45,16 +63,27 @@ CHAT_TEMPLATE = (
 )
 
 
-def pieces(text: str) -> list[str]:
+def pieces(text: str, pad_numbers: int = 0) -> list[str]:
     """The pieces ``text`` splits into (before the vocabulary lookup)."""
-    return [p for p, _ in _pre_tokenizer().pre_tokenize_str(text)]
+    if pad_numbers:
+        text = _number_padder(pad_numbers).normalize_str(text)
+    return [p for p, _ in _pre_tokenizer(pad_numbers).pre_tokenize_str(text)]
 
 
-def _pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+def _pre_tokenizer(pad_numbers: int = 0) -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence([
         pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="always", split=False),
-        pre_tokenizers.Split(Regex(PIECE_PATTERN), behavior="isolated"),
+        pre_tokenizers.Split(Regex(PADDED_PIECE_PATTERN if pad_numbers else PIECE_PATTERN), behavior="isolated"),
     ])
+
+
+def _number_padder(width: int) -> normalizers.Normalizer:
+    """Insert ``width - n`` empty digits before every n-digit number (n < width), except inside runs
+    of space-separated cells (a digit right after "d " or "/ ")."""
+    e = EMPTY_DIGIT
+    start = rf"(?<![0-9{e}])(?<![0-9] )(?<!/ )"
+    return normalizers.Sequence([normalizers.Replace(Regex(rf"{start}(?=[0-9]{{{n}}}(?![0-9]))"), e * (width - n))
+                                 for n in range(1, width)])
 
 
 def _base_pieces() -> list[str]:
@@ -63,14 +92,23 @@ def _base_pieces() -> list[str]:
     return [SPACE, "\n"] + singles + [SPACE + s for s in singles]
 
 
-def build_tokenizer(texts: Iterable[str], extra_pieces: Iterable[str] = ()):
+def build_tokenizer(texts: Iterable[str], extra_pieces: Iterable[str] = (), pad_numbers: int = 0):
     """A ``PreTrainedTokenizerFast`` whose vocabulary is every piece of ``texts`` (plus digits,
-    punctuation, the chat tokens and the special tokens), with the chat template set."""
+    punctuation, the chat tokens and the special tokens), with the chat template set.
+
+    ``pad_numbers=W`` (W >= 2): numbers are left-padded to W digits with ``∅`` (module docstring)."""
     from transformers import PreTrainedTokenizerFast
 
-    pre = _pre_tokenizer()
+    if pad_numbers and pad_numbers < 2:
+        raise ValueError(f"pad_numbers must be 0 (off) or >= 2, got {pad_numbers}")
+    pre = _pre_tokenizer(pad_numbers)
+    norm = _number_padder(pad_numbers) if pad_numbers else None
     found: set[str] = set(_base_pieces()) | set(extra_pieces)
+    if norm is not None:
+        found |= {EMPTY_DIGIT, SPACE + EMPTY_DIGIT}
     for text in texts:
+        if norm is not None:
+            text = norm.normalize_str(text)
         found.update(p for p, _ in pre.pre_tokenize_str(text))
     found.difference_update(SPECIAL_TOKENS)
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
@@ -79,7 +117,12 @@ def build_tokenizer(texts: Iterable[str], extra_pieces: Iterable[str] = ()):
 
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
     tok.pre_tokenizer = pre
-    tok.decoder = decoders.Metaspace(replacement=SPACE, prepend_scheme="always", split=False)
+    metaspace = decoders.Metaspace(replacement=SPACE, prepend_scheme="always", split=False)
+    if norm is not None:
+        tok.normalizer = norm
+        tok.decoder = decoders.Sequence([decoders.Replace(EMPTY_DIGIT, ""), metaspace])
+    else:
+        tok.decoder = metaspace
     # The space after <|user|> and before <|assistant|> belongs to the template, not to the prompt.
     strip = {USER_TOKEN: (False, True), ASSISTANT_TOKEN: (True, True)}
     tok.add_special_tokens([

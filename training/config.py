@@ -27,6 +27,8 @@ class ModelSection:
     path: str | None = None  # checkpoint dir or bundled name to start from; None: from scratch
     config: dict = field(default_factory=dict)  # LLaDAConfig kwargs when training from scratch
     tokenizer: str | None = None  # tokenizer dir; None: the checkpoint's, or built from the task suites
+    # when the tokenizer is built from the suites: left-pad numbers to this many digits (0: off; dllm.tokenization)
+    pad_numbers: int = 0
     attention_policy: str | None = None  # override the checkpoint's (block-diffusion SFT: block_causal)
     block_size: int | None = None
     gradient_checkpointing: bool = False

@@ -25,7 +25,7 @@ def load_tokenizer_for(section: ModelSection):
         return load_tokenizer(path)
     from .data import suite_texts
 
-    return build_tokenizer(suite_texts())
+    return build_tokenizer(suite_texts(), pad_numbers=section.pad_numbers)
 
 
 def init_model(section: ModelSection, tokenizer, attention_policy: str | None = None,

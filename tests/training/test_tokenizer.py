@@ -54,3 +54,50 @@ def test_special_tokens_and_save_load(tmp_path):
                                      tokenize=False) == "<|user|> hi <|assistant|>"
     # unseen words map to <|unk|> instead of failing
     assert again.unk_token_id in again("zebra", add_special_tokens=False)["input_ids"]
+
+
+@pytest.fixture(scope="module")
+def padded_tokenizer():
+    from training.data import suite_texts
+
+    return build_tokenizer(suite_texts(), pad_numbers=4)
+
+
+@pytest.mark.parametrize("name", suite_names())
+def test_padded_numbers_round_trip(padded_tokenizer, name):
+    tok = padded_tokenizer
+    for ex in get_suite(name).examples("test", 100, seed=5):
+        for text in (ex.prompt, ex.answer):
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+            assert tok.unk_token_id not in ids, text
+            assert tok.decode(ids) == text
+
+
+def test_padded_numbers_have_a_fixed_width(padded_tokenizer, tmp_path):
+    tok = padded_tokenizer
+    assert tok.tokenize("What is 5 + 84 ?") == ["▁What", "▁is", "▁∅", "∅", "∅", "5", "▁+", "▁∅", "∅", "8", "4", "▁?"]
+    assert tok.tokenize("1998") == ["▁1", "9", "9", "8"] and tok.tokenize("12345") == ["▁1", "2", "3", "4", "5"]
+    # Sudoku cells are not numbers: only the first of a run of space-separated digits is padded
+    assert tok.tokenize("sudoku : 0 0 1 / 2 1") == ["▁sudoku", "▁:", "▁∅", "∅", "∅", "0", "▁0", "▁1", "▁/", "▁2", "▁1"]
+    # the chat template's answer slot: padded answers decode to plain numbers, also token by token
+    from serving.textstream import IncrementalDetokenizer
+
+    ids = tok("7 . #### 42", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    detok = IncrementalDetokenizer(tok)
+    assert "".join(detok.add([i]) for i in ids) + detok.flush() == "7 . #### 42"
+    assert tok.decode(ids, skip_special_tokens=True) == "7 . #### 42"
+    save_tokenizer(tok, tmp_path)
+    again = load_tokenizer(tmp_path)
+    assert again("What is 5 + 84 ?")["input_ids"] == tok("What is 5 + 84 ?")["input_ids"]
+    with pytest.raises(ValueError, match="pad_numbers"):
+        build_tokenizer(["1"], pad_numbers=1)
+
+
+def test_recipes_can_build_a_padded_tokenizer():
+    from training.config import ModelSection
+    from training.models import load_tokenizer_for
+
+    plain = load_tokenizer_for(ModelSection())
+    padded = load_tokenizer_for(ModelSection(pad_numbers=4))
+    assert plain.tokenize("45") == ["▁4", "5"] and padded.tokenize("45") == ["▁∅", "∅", "4", "5"]
+    assert len(padded) == len(plain) + 2
