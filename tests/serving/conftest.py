@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import time
 
+import httpx
 import pytest
 import torch
 
@@ -33,7 +35,18 @@ def serve(one_thread):
     """``with serve(checkpoint, **settings) as (url, app):`` runs a live server."""
 
     @contextlib.contextmanager
-    def _serve(path, **overrides):
+    def _serve(path, engine_process: bool = False, **overrides):
+        if engine_process:  # the model loads in the engine process; wait for /ready
+            settings = ServerSettings(model=str(path), served_model_name=MODEL, engine_process=True, num_threads=1,
+                                      **overrides)
+            app = create_app(settings)
+            with running_server(app) as url:
+                deadline = time.monotonic() + 90
+                while httpx.get(url + "/ready").status_code != 200:
+                    assert time.monotonic() < deadline, httpx.get(url + "/ready").text
+                    time.sleep(0.05)
+                yield url, app
+            return
         settings = ServerSettings(model=str(path), served_model_name=MODEL, **overrides)
         bundle = load_bundle(settings)
         app = create_app(settings, model=bundle.model, tokenizer=bundle.tokenizer)

@@ -34,9 +34,10 @@ async def _stream_one(client: openai.AsyncOpenAI, prompt: str, max_tokens: int) 
     return "".join(text), reason
 
 
-@pytest.fixture(scope="module")
-def server(serve, checkpoint):
-    with serve(checkpoint, max_batch_size=8, batch_wait_ms=5) as (url, app):
+@pytest.fixture(scope="module", params=["in-process", "engine-process"])
+def server(serve, checkpoint, request):
+    with serve(checkpoint, engine_process=request.param == "engine-process", max_batch_size=8,
+               batch_wait_ms=5) as (url, app):
         yield url, app
 
 
@@ -62,8 +63,9 @@ def test_32_concurrent_streams_equal_sequential_runs(server):
     assert _metric(url, "dllm_batch_size_sum") > _metric(url, "dllm_batch_size_count")
 
 
-def test_full_queue_answers_503_with_retry_after(serve, checkpoint):
-    with serve(checkpoint, max_batch_size=1, max_queue=1) as (url, _app):
+@pytest.mark.parametrize("engine_process", [False, True], ids=["in-process", "engine-process"])
+def test_full_queue_answers_503_with_retry_after(serve, checkpoint, engine_process):
+    with serve(checkpoint, engine_process=engine_process, max_batch_size=1, max_queue=1) as (url, _app):
         body = {"model": MODEL, "prompt": "hello", "max_tokens": 256, "threshold": 1.0}
 
         async def burst():
