@@ -84,12 +84,13 @@ class EngineRequest:
     """A submitted request: its rows, its decoding config and the queue its events arrive on."""
 
     def __init__(self, engine: Engine, prompts: list[list[int]], n: int, cfg: DiffusionGenerationConfig,
-                 max_tokens: int, stop: tuple[str, ...], isolated: bool) -> None:
+                 max_tokens: int, stop: tuple[str, ...], isolated: bool, bind_loop: bool = True) -> None:
         self.engine = engine
         self.cfg = cfg
         self.key: Any = (cfg, id(self)) if isolated else (cfg, None)
-        self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        # bind_loop=False: a request whose events leave through a pipe (serving.engine_process)
+        self.loop = asyncio.get_running_loop() if bind_loop else None
+        self.queue: asyncio.Queue[Event] | None = asyncio.Queue() if bind_loop else None
         self.rows = [Row(self, p_i * n + j, prompt, RowText(engine.detok_tokenizer, max_tokens=max_tokens, stop=stop))
                      for p_i, prompt in enumerate(prompts) for j in range(n)]
         self.cancelled = False

@@ -67,37 +67,43 @@ class ModelInfo:
 class _Series:
     """Records ``inc``/``set``/``observe`` on one metric (and its labels) for the API process."""
 
-    __slots__ = ("_labels", "_name", "_ops")
+    __slots__ = ("_labels", "_name", "_rec")
 
-    def __init__(self, ops: list, name: str, labels: tuple = ()) -> None:
-        self._ops, self._name, self._labels = ops, name, labels
+    def __init__(self, rec: MetricsRecorder, name: str, labels: tuple = ()) -> None:
+        self._rec, self._name, self._labels = rec, name, labels
 
     def labels(self, *labels) -> _Series:
-        return _Series(self._ops, self._name, labels)
+        return _Series(self._rec, self._name, labels)
 
     def inc(self, value: float = 1.0) -> None:
-        self._ops.append((self._name, self._labels, "inc", value))
+        self._rec.record((self._name, self._labels, "inc", value))
 
     def set(self, value: float) -> None:
-        self._ops.append((self._name, self._labels, "set", value))
+        self._rec.record((self._name, self._labels, "set", value))
 
     def observe(self, value: float) -> None:
-        self._ops.append((self._name, self._labels, "observe", value))
+        self._rec.record((self._name, self._labels, "observe", value))
 
 
 class MetricsRecorder:
     """Stands in for :class:`~serving.metrics.ServerMetrics` in the engine process."""
 
     def __init__(self) -> None:
-        self.ops: list = []
+        self._ops: list = []
+        self._lock = threading.Lock()  # the worker and the pipe reader both record
 
     def __getattr__(self, name: str) -> _Series:
         if name.startswith("_"):
             raise AttributeError(name)
-        return _Series(self.ops, name)
+        return _Series(self, name)
+
+    def record(self, op: tuple) -> None:
+        with self._lock:
+            self._ops.append(op)
 
     def take(self) -> list:
-        ops, self.ops = self.ops, []  # list swap: appends from other threads land in one list or the other
+        with self._lock:
+            ops, self._ops = self._ops, []
         return ops
 
 
@@ -118,20 +124,8 @@ class _ChildRequest(EngineRequest):
     """A request inside the engine process: no event loop; events go to the pipe."""
 
     def __init__(self, engine: ChildEngine, rid: int, prompts, n, cfg, max_tokens, stop, isolated) -> None:
-        from .engine import Row
-        from .textstream import RowText
-
-        self.engine = engine
+        super().__init__(engine, prompts, n, cfg, max_tokens, stop, isolated, bind_loop=False)
         self.rid = rid
-        self.cfg = cfg
-        self.key = (cfg, id(self)) if isolated else (cfg, None)
-        self.loop = None
-        self.queue = None
-        self.rows = [Row(self, p_i * n + j, prompt, RowText(engine.detok_tokenizer, max_tokens=max_tokens, stop=stop))
-                     for p_i, prompt in enumerate(prompts) for j in range(n)]
-        self.cancelled = False
-        self.submitted = time.perf_counter()
-        self.arrival = 0.0
         self.open_rows = len(self.rows)  # rows whose stats event has not been sent
 
 

@@ -215,7 +215,6 @@ def test_queue_limit_is_counted_in_the_api_process():
             engine.submit([[1, 2]], n=1, cfg=cfg, max_tokens=4)
         assert err.value.status == 503 and err.value.headers.get("Retry-After")
         assert engine.queue_depth == 1
-        engine._on_events([], [])  # nothing to do
         # the engine process took the first request into a batch: the queue has room again
         engine._conn = None
         with engine._lock:
