@@ -31,7 +31,7 @@ VARIANTS = ("plain", "pad-answer", "no-mul", "pad-operands", "tok-pad3", "tok-pa
 
 def _patch(variant: str) -> None:
     """Rewrite the arith problems for a text variant (the tokenizer variants keep the text)."""
-    import eval.tasks.arith as arith
+    from eval.tasks import arith
     from eval.tasks.base import Problem
 
     draw = arith.ArithSuite._draw
