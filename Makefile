@@ -6,7 +6,7 @@ PIP     := $(VPY) -m pip
 # The CPU wheel of torch is installed first, so no dependency resolution can pull a CUDA build.
 TORCH   ?= torch==2.13.0
 
-.PHONY: demo test venv install-demo install-test clean
+.PHONY: demo test lint venv install-demo install-test clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,11 @@ demo: install-demo
 
 test: install-test
 	$(VPY) -m pytest -q -m "not gpu" --durations=10 tests
+
+# Style check (pyproject [tool.ruff]); ruff comes with the dev extra.
+lint: venv
+	$(PIP) install -q -e ".[dev]"
+	$(VENV)/bin/ruff check .
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

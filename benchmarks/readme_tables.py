@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from dllm.loading import load_model, resolve_model_path
     from dllm.text import load_tokenizer_for
-    from eval.bench import apply_sweep, parse_methods, pareto_plot, run_bench
+    from eval.bench import apply_sweep, pareto_plot, parse_methods, run_bench
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(args.threads)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Optional
 
 import typer
 
@@ -72,27 +71,27 @@ def _mount_subcommands() -> None:
 def generate(
     prompt: str = typer.Argument(..., help="The user prompt (the model's chat template is applied)."),
     model: str = typer.Option("tiny", "--model", "-m", help="tiny, tiny-d2f, or a local checkpoint directory."),
-    strategy: Optional[str] = typer.Option(None, help="Decoding strategy (default: the model's)."),
-    cache: Optional[str] = typer.Option(None, help="none, prefix or dual (bidirectional models)."),
-    threshold: Optional[float] = typer.Option(None, help="Confidence threshold (threshold strategy)."),
-    block_length: Optional[int] = typer.Option(None, "--block-length", help="Block size."),
-    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Cap on generated tokens."),
-    steps: Optional[int] = typer.Option(None, help="Total steps (vanilla / Dream algorithms)."),
-    temperature: Optional[float] = typer.Option(None, help="0 = greedy."),
-    seed: Optional[int] = typer.Option(None, help="Seed for sampling."),
-    lopa_branches: Optional[int] = typer.Option(None, "--lopa-branches", help="LoPA lookahead branches."),
+    strategy: str | None = typer.Option(None, help="Decoding strategy (default: the model's)."),
+    cache: str | None = typer.Option(None, help="none, prefix or dual (bidirectional models)."),
+    threshold: float | None = typer.Option(None, help="Confidence threshold (threshold strategy)."),
+    block_length: int | None = typer.Option(None, "--block-length", help="Block size."),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", help="Cap on generated tokens."),
+    steps: int | None = typer.Option(None, help="Total steps (vanilla / Dream algorithms)."),
+    temperature: float | None = typer.Option(None, help="0 = greedy."),
+    seed: int | None = typer.Option(None, help="Seed for sampling."),
+    lopa_branches: int | None = typer.Option(None, "--lopa-branches", help="LoPA lookahead branches."),
     branch_parallel: int = typer.Option(1, "--branch-parallel",
                                         help="Evaluate LoPA branches on N local processes (torch.distributed)."),
-    dtype: Optional[str] = typer.Option(None, help="float32, bfloat16 or float16."),
-    device: Optional[str] = typer.Option(None, help="cpu, cuda, cuda:1, ..."),
+    dtype: str | None = typer.Option(None, help="float32, bfloat16 or float16."),
+    device: str | None = typer.Option(None, help="cpu, cuda, cuda:1, ..."),
     no_chat: bool = typer.Option(False, "--no-chat", help="Do not apply the chat template."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Generate an answer and report forwards, tokens per forward (TPF) and speed."""
+    from decoding.registry import StrategyError
     from dllm.generation.config import GenerationConfigError
     from dllm.loading import CheckpointError, load_model, resolve_model_path
     from dllm.text import generate_text, load_tokenizer_for
-    from decoding.registry import StrategyError
 
     _quiet_transformers()
     overrides = {k: v for k, v in dict(strategy=strategy, cache=cache, threshold=threshold, block_length=block_length,

@@ -35,9 +35,9 @@ def tiny_dream(seed: int = 0, **overrides) -> DreamModel:
 
 def tiny_tokenizer():
     """A word-level tokenizer over the task suites' texts (built, not downloaded)."""
-    from .tokenization import build_tokenizer
-
     from eval.tasks import get_suite, suite_names
+
+    from .tokenization import build_tokenizer
 
     texts = []
     for name in suite_names():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -15,16 +14,16 @@ def bench(
     strategies: str = typer.Option("vanilla,threshold,d2f", "--strategies",
                                    help="Comma list; parameters as name:key=value,key=value (e.g. threshold:cache=dual,threshold=0.9)."),
     n: int = typer.Option(20, "--n", help="Held-out examples per suite."),
-    sweep: Optional[str] = typer.Option(None, "--sweep", help="key=v1,v2,...: run every non-baseline method per value."),
+    sweep: str | None = typer.Option(None, "--sweep", help="key=v1,v2,...: run every non-baseline method per value."),
     batch_size: int = typer.Option(1, "--batch-size", help="Prompts per generate call."),
-    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens"),
-    block_length: Optional[int] = typer.Option(None, "--block-length"),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens"),
+    block_length: int | None = typer.Option(None, "--block-length"),
     threads: int = typer.Option(2, "--threads", help="torch CPU threads (fixed and reported)."),
-    dtype: Optional[str] = typer.Option(None, help="float32, bfloat16 or float16."),
-    device: Optional[str] = typer.Option(None, help="cpu, cuda, ..."),
+    dtype: str | None = typer.Option(None, help="float32, bfloat16 or float16."),
+    device: str | None = typer.Option(None, help="cpu, cuda, ..."),
     seed: int = typer.Option(0, "--seed", help="Seed of the held-out sample."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report here."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write an accuracy-vs-TPF Pareto chart (PNG)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the report here."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write an accuracy-vs-TPF Pareto chart (PNG)."),
     no_progress: bool = typer.Option(False, "--no-progress"),
     by_category: bool = typer.Option(False, "--by-category",
                                      help="Also print accuracy per problem category (list op, arith operator and "
@@ -33,17 +32,17 @@ def bench(
     """Run decoding strategies side by side on the same prompts and print accuracy, TPF, NFE, speed and AUP."""
     import torch
 
+    from decoding.registry import StrategyError
     from dllm.generation.config import GenerationConfigError
     from dllm.loading import CheckpointError, load_model, resolve_model_path
     from dllm.text import load_tokenizer_for
-    from decoding.registry import StrategyError
     from eval.bench import (
         BenchSpecError,
         apply_sweep,
         format_categories,
         format_table,
-        parse_methods,
         pareto_plot,
+        parse_methods,
         run_bench,
     )
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 DEFAULT_AUP_ALPHA = 3.0
 AUP_MAX_DROP = 5.0  # accuracy points a faster setting may lose relative to the slowest one

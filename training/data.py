@@ -29,7 +29,7 @@ class Batch:
     def gen_length(self) -> int:
         return self.input_ids.shape[1] - self.prompt_length
 
-    def to(self, device) -> "Batch":
+    def to(self, device) -> Batch:
         return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.prompt_length,
                      self.answer_mask.to(device), self.suites)
 

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import torch
 import yaml
-
 from accelerate.utils import DistributedType
 
 from .checkpointing import latest_checkpoint, list_checkpoints, save_checkpoint

@@ -84,9 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m training.monitor MODEL_DIR [--n 100] [--gen-length 64] [--block-size 8]``"""
     import argparse
 
-    from dllm.loading import load_model
+    from dllm.loading import load_model, resolve_model_path
     from dllm.tokenization import load_tokenizer
-    from dllm.loading import resolve_model_path
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("model")
@@ -104,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     scores, details = evaluate(model, tok, args.suites.split(","), args.n, args.gen_length, block, return_details=True)
     for name, acc in scores.items():
         print(f"{name:10s} {acc * 100:6.1f}%  (n={args.n}, gen_length={args.gen_length}, block={block})")
-        for prompt, answer, got, ok in [r for r in details[name] if not r[3]][: args.show]:
+        for prompt, answer, got, _ in [r for r in details[name] if not r[3]][: args.show]:
             print(f"    {prompt!r}\n      want {answer!r}\n      got  {got!r}")
 
 

@@ -138,7 +138,7 @@ class DiffusionGenerationConfig:
         return max(1, steps // self.num_blocks)
 
     # -- overrides and files ----------------------------------------------------------------
-    def replace(self, **overrides: Any) -> "DiffusionGenerationConfig":
+    def replace(self, **overrides: Any) -> DiffusionGenerationConfig:
         valid = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(overrides) - valid)
         if unknown:
@@ -156,7 +156,7 @@ class DiffusionGenerationConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "DiffusionGenerationConfig":
+    def from_dict(cls, data: dict[str, Any]) -> DiffusionGenerationConfig:
         valid = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - valid)
         if unknown:
@@ -177,7 +177,7 @@ class DiffusionGenerationConfig:
         return path
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path) -> "DiffusionGenerationConfig | None":
+    def from_pretrained(cls, directory: str | Path) -> DiffusionGenerationConfig | None:
         path = Path(directory) / CONFIG_NAME
         if not path.exists():
             return None

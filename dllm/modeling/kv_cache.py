@@ -48,7 +48,7 @@ class DiffusionKVCache:
         prompt_length: int,
         dtype: torch.dtype,
         device: torch.device | str | None = None,
-    ) -> "DiffusionKVCache":
+    ) -> DiffusionKVCache:
         key_valid = key_valid.to(device=device, dtype=torch.bool)
         batch, capacity = key_valid.shape
         shape = (batch, num_kv_heads, capacity, head_dim)
@@ -74,7 +74,7 @@ class DiffusionKVCache:
     def view(self, layer: int, key_end: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[layer][:, :, :key_end], self.values[layer][:, :, :key_end]
 
-    def select_rows(self, index: torch.Tensor | list[int]) -> "DiffusionKVCache":
+    def select_rows(self, index: torch.Tensor | list[int]) -> DiffusionKVCache:
         """A cache holding only the given batch rows, in that order (finished rows leave; LoPA forks)."""
         index = torch.as_tensor(index, dtype=torch.long, device=self.key_valid.device)
         return DiffusionKVCache(
@@ -88,15 +88,15 @@ class DiffusionKVCache:
             extra={name: t.index_select(0, index) if torch.is_tensor(t) else t for name, t in self.extra.items()},
         )
 
-    def clone(self) -> "DiffusionKVCache":
+    def clone(self) -> DiffusionKVCache:
         return self.select_rows(torch.arange(self.batch_size, device=self.key_valid.device))
 
-    def repeat_rows(self, times: int) -> "DiffusionKVCache":
+    def repeat_rows(self, times: int) -> DiffusionKVCache:
         """Each row repeated ``times`` times consecutively (row r -> rows r*times .. r*times+times-1)."""
         index = torch.arange(self.batch_size, device=self.key_valid.device).repeat_interleave(times)
         return self.select_rows(index)
 
-    def copy_rows_from(self, other: "DiffusionKVCache", dst: torch.Tensor, src: torch.Tensor, end: int) -> None:
+    def copy_rows_from(self, other: DiffusionKVCache, dst: torch.Tensor, src: torch.Tensor, end: int) -> None:
         """Copy slots ``[0, end)`` of rows ``src`` of ``other`` into rows ``dst`` of this cache."""
         for layer in range(len(self.keys)):
             self.keys[layer][dst, :, :end] = other.keys[layer][src, :, :end]

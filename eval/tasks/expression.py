@@ -18,7 +18,8 @@ from typing import Union
 
 _TOKEN_RE = re.compile(r"\s*(?:(\d+)|([-+*/()]))")
 
-Node = Union[int, tuple[str, "Node", "Node"]]  # literal, or (op, left, right)
+# literal, or (op, left, right); Union because "Node" | ... fails at runtime for a recursive alias
+Node = Union[int, tuple[str, "Node", "Node"]]  # noqa: UP007
 
 
 class ExpressionError(ValueError):

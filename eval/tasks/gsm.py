@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .base import Example, Problem, Score, TaskSuite, all_ints
 from .words import NAMES, NOUNS

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 from .base import Example, Problem, Score, TaskSuite
 from .words import NAMES

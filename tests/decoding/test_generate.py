@@ -258,7 +258,9 @@ def test_config_json_roundtrip_and_file(tmp_path, model):
 
     loaded = load_model(tmp_path / "m")
     assert loaded.diffusion_generation_config == cfg
-    with pytest.raises(Exception):
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.strategy = "vanilla"  # frozen
 
 
