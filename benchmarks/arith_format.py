@@ -77,14 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for v in variants:
         run = args.out / v
-        # the tokenizer variants start from the pad4 recipe (tokenizer built from the suites), same model and optimizer
-        recipe = "tiny-sft-pad4.yaml" if v.startswith("tok-pad") else "tiny-sft.yaml"
-        overrides = ["--config", str(ROOT / "recipes" / recipe), f"run_dir={run}", f"export_dir={run}/final",
+        # the tiny recipe builds its tokenizer from the suites; only the number padding differs per variant
+        overrides = ["--config", str(ROOT / "recipes" / "tiny-sft.yaml"), f"run_dir={run}", f"export_dir={run}/final",
                      f"max_steps={args.steps}", "batch_size=128", "grad_accum=1", f"num_threads={args.threads}",
                      "data.tasks={arith: 1.0}", "data.max_new_tokens=16", f"eval_every={args.steps // 2}",
                      "eval_examples=64", f"save_every={args.steps}", "progress=false"]
-        if v.startswith("tok-pad"):
-            overrides += [f"model.pad_numbers={v[-1]}"]
+        overrides += [f"model.pad_numbers={v[-1] if v.startswith('tok-pad') else 0}"]
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
         subprocess.run([sys.executable, __file__, "--_child", v, *overrides], cwd=ROOT, env=env, check=True)
         with open(run / "eval.csv") as f:

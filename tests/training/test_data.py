@@ -12,8 +12,12 @@ from training.sft import SFTTrainer
 from .conftest import micro_overrides
 
 
+# numbers are padded to 4 digits by the bundled tokenizer, so countdown answers need more than 16
+CANVAS = 32
+
+
 def _stream(tokenizer, **kw):
-    cfg = DataSection(tasks={"arith": 1, "lists": 1, "countdown": 1}, max_new_tokens=16, chunk_size=32,
+    cfg = DataSection(tasks={"arith": 1, "lists": 1, "countdown": 1}, max_new_tokens=CANVAS, chunk_size=32,
                       eos_pad=kw.pop("eos_pad", "random"), mix=kw.pop("mix", "per_batch"))
     return TaskStream(tokenizer, cfg, batch_size=kw.pop("batch_size", 6), seed=kw.pop("seed", 0), **kw)
 
@@ -36,7 +40,7 @@ def test_batches_are_left_padded_and_eos_padded(tokenizer):
         assert len(set(b.suites)) == 1  # per_batch mix
         assert (b.input_ids[:, p - 1] == tokenizer.convert_tokens_to_ids("<|assistant|>")).all()
         assert torch.equal(b.attention_mask == 0, b.input_ids == pad)
-        assert (b.input_ids[:, -1] == eos).all() and b.gen_length <= 16
+        assert (b.input_ids[:, -1] == eos).all() and b.gen_length <= CANVAS
         assert b.answer_mask[:, p:].all() and not b.answer_mask[:, :p].any()
         for row in b.input_ids[:, p:].tolist():  # EOS then only EOS
             first = row.index(eos)
@@ -44,7 +48,7 @@ def test_batches_are_left_padded_and_eos_padded(tokenizer):
 
 
 def test_fixed_padding_and_block_multiples(tokenizer):
-    assert {_stream(tokenizer, eos_pad="fixed").next_batch().gen_length for _ in range(5)} == {16}
+    assert {_stream(tokenizer, eos_pad="fixed").next_batch().gen_length for _ in range(5)} == {CANVAS}
     s = _stream(tokenizer, pad_multiple=5)
     assert all(s.next_batch().gen_length % 5 == 0 for _ in range(20))
 

@@ -8,8 +8,23 @@ from dllm.tokenization import build_tokenizer, load_tokenizer, save_tokenizer, s
 from eval.tasks import count_tokens, get_suite, suite_names
 
 
+@pytest.fixture(scope="module")
+def plain_tokenizer():
+    """The suites' tokenizer without number padding (recipes with ``model.pad_numbers: 0``)."""
+    from training.data import suite_texts
+
+    return build_tokenizer(suite_texts())
+
+
+def test_the_bundled_tokenizer_pads_numbers(tokenizer):
+    assert tokenizer.tokenize("What is 5 + 84 ?") == ["▁What", "▁is", "▁∅", "∅", "∅", "5", "▁+", "▁∅", "∅", "8", "4",
+                                                      "▁?"]
+    assert tokenizer.decode(tokenizer("5 + 84", add_special_tokens=False)["input_ids"]) == "5 + 84"
+
+
 @pytest.mark.parametrize("name", suite_names())
-def test_round_trip_and_counts(tokenizer, name):
+def test_round_trip_and_counts(plain_tokenizer, name):
+    tokenizer = plain_tokenizer
     suite = get_suite(name)
     for split in ("train", "test"):
         for ex in suite.examples(split, 200, seed=3):
@@ -20,7 +35,8 @@ def test_round_trip_and_counts(tokenizer, name):
                 assert len(ids) == count_tokens(text)
 
 
-def test_digits_are_single_tokens(tokenizer):
+def test_digits_are_single_tokens(plain_tokenizer):
+    tokenizer = plain_tokenizer
     toks = tokenizer.tokenize("What is 123 + 45 ?")
     assert toks == ["▁What", "▁is", "▁1", "2", "3", "▁+", "▁4", "5", "▁?"]
     # "12 4" and "1 24" stay distinguishable
