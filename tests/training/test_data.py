@@ -11,7 +11,6 @@ from training.sft import SFTTrainer
 
 from .conftest import micro_overrides
 
-
 # numbers are padded to 4 digits by the bundled tokenizer, so countdown answers need more than 16
 CANVAS = 32
 
