@@ -287,7 +287,7 @@ def test_recipes_load(name):
     cfg = load_grpo_config(REPO / "recipes" / f"{name}.yaml")
     assert cfg.rollout.temperature == 1.0 and cfg.rollout.strategy == "threshold"
     if name == "grpo-tiny":
-        assert cfg.model.path == "tiny-d2f" and cfg.loss.estimator == "trajectory"
+        assert cfg.model.path == "tiny-d2f" and cfg.loss.estimator == "block_masked" and cfg.reward.tpf_weight == 2.0
 
 
 @pytest.mark.slow
