@@ -130,6 +130,9 @@ class EvalSection:
     strategies: list = field(default_factory=lambda: ["threshold"])  # greedy held-out eval per strategy
     at_start: bool = True  # also evaluate before the first update (the "before" point of the curve)
     batch_size: int = 64
+    # confidence threshold of the greedy eval (None: the rollout's). Rollouts may explore at a lower
+    # threshold than the decoder is judged at (recipes/grpo-tiny.yaml: 0.7 rollouts, 0.9 eval).
+    threshold: float | None = None
 
 
 @dataclass
@@ -188,6 +191,8 @@ def validate_grpo(cfg: GRPOConfig) -> None:
         bad("loss.beta, loss.mu and filter.tpf_range must be >= 0")
     if not 0 <= lo.d1_prompt_mask < 1:
         bad("loss.d1_prompt_mask must be in [0, 1)")
+    if cfg.evaluation.threshold is not None and not 0 < cfg.evaluation.threshold <= 1:
+        bad(f"evaluation.threshold={cfg.evaluation.threshold} must be in (0, 1] (or null: the rollout's)")
 
 
 def load_grpo_config(path=None, overrides=()) -> GRPOConfig:
@@ -284,9 +289,9 @@ class GRPOTrainer(Trainer):
 
     def eval_config(self, strategy: str):
         cfg = self.rollout_config.replace(strategy=strategy, temperature=0.0, stop_at_eos=True)
-        if strategy == "d2f" and self.cfg.rollout.strategy != "d2f":
-            cfg = cfg.replace(skip_threshold=self.cfg.rollout.threshold)
-        return cfg
+        phi = self.cfg.evaluation.threshold
+        phi = self.cfg.rollout.threshold if phi is None else phi
+        return cfg.replace(**{"skip_threshold" if strategy == "d2f" else "threshold": phi})
 
     def forward_kwargs(self) -> dict:
         """Model-call kwargs that make a training forward see what the decoder's forwards saw."""

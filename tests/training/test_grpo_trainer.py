@@ -229,6 +229,20 @@ def test_config_errors(ckpt, tmp_path):
         load_grpo_config(None, _overrides(ckpt, tmp_path, **{"rollout.group_size": 1}))
     with pytest.raises(ConfigError, match="unknown config key"):
         load_grpo_config(None, _overrides(ckpt, tmp_path, **{"rollout.bogus": 1}))
+    with pytest.raises(ConfigError, match="evaluation.threshold"):
+        load_grpo_config(None, _overrides(ckpt, tmp_path, **{"evaluation.threshold": 1.5}))
+
+
+def test_eval_threshold_is_separate_from_the_rollout_threshold(ckpt, tmp_path):
+    """Rollouts may explore at a lower threshold than the held-out eval is judged at."""
+    tr = _trainer(ckpt, tmp_path)  # rollout.threshold 0.3, no evaluation.threshold: the eval follows it
+    assert tr.rollout_config.threshold == 0.3
+    assert tr.eval_config("threshold").threshold == 0.3 and tr.eval_config("d2f").skip_threshold == 0.3
+    tr = _trainer(ckpt, tmp_path, **{"evaluation.threshold": 0.9})
+    assert tr.rollout_config.threshold == 0.3 and tr.rollout_config.temperature == 1.0
+    th, d2f = tr.eval_config("threshold"), tr.eval_config("d2f")
+    assert th.threshold == 0.9 and th.temperature == 0.0 and th.stop_at_eos
+    assert d2f.strategy == "d2f" and d2f.skip_threshold == 0.9
 
 
 def test_grpo_command_end_to_end_on_the_smoke_recipe(ckpt, tmp_path):
