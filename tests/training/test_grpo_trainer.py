@@ -302,6 +302,8 @@ def test_recipes_load(name):
     assert cfg.rollout.temperature == 1.0 and cfg.rollout.strategy == "threshold"
     if name == "grpo-tiny":
         assert cfg.model.path == "tiny-d2f" and cfg.loss.estimator == "block_masked" and cfg.reward.tpf_weight == 2.0
+        # explores below the threshold it is judged at (docs/rl.md, session 5)
+        assert cfg.rollout.threshold == 0.7 and cfg.evaluation.threshold == 0.9
 
 
 @pytest.mark.slow
