@@ -92,6 +92,7 @@ class SFTConfig(TrainConfig):
     mask_eps: float = 1e-3
     full_mask_prob: float = 0.0  # extra, not LLaDA: fraction of rows with the whole answer masked (p = 1)
     t_min: float = 0.0  # extra, not LLaDA: t ~ U(t_min, 1)
+    prefix_prob: float = 0.0  # extra, not LLaDA: fraction of rows whose answer is revealed up to a random cut
 
 
 @dataclass
@@ -279,6 +280,10 @@ def validate(cfg: TrainConfig) -> None:
     if not cfg.data.tasks or any(float(w) < 0 for w in cfg.data.tasks.values()) or \
             sum(float(w) for w in cfg.data.tasks.values()) <= 0:
         bad("data.tasks needs at least one suite with a positive weight")
+    if isinstance(cfg, SFTConfig):
+        for key in ("full_mask_prob", "t_min", "prefix_prob"):
+            if not 0 <= getattr(cfg, key) <= 1:
+                bad(f"{key}={getattr(cfg, key)} must be in [0, 1]")
     if isinstance(cfg, DistillConfig):
         if not 0 <= cfg.pmask_low <= cfg.pmask_high <= 1:
             bad("need 0 <= pmask_low <= pmask_high <= 1")

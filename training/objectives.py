@@ -29,6 +29,7 @@ def sft_noise(
     eps: float = 1e-3,
     full_mask_prob: float = 0.0,
     t_min: float = 0.0,
+    prefix_prob: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(noisy ids, masked [b,l] bool, p_mask [b,l]): answer tokens masked i.i.d. with a per-row p.
 
@@ -36,6 +37,13 @@ def sft_noise(
     and p = 1 for a ``full_mask_prob`` fraction of rows. Rows with few masks let a small model fill a
     slot from its answer neighbours, and that shortcut keeps it from learning to read the prompt
     (measured: list copy learned in <400 steps with t_min=0.5, not at all with t_min=0).
+
+    A third, ``prefix_prob`` (default 0): in that fraction of rows the answer is revealed up to a cut
+    drawn uniformly over its slots, and only the slots after the cut can be masked. Semi-autoregressive
+    decoding commits a worked solution roughly left to right, so a step's operands are on the canvas
+    while its result is still masked; i.i.d. masks at p >= 0.5 almost never show a small model that
+    state (measured on gsm: the first step's arithmetic, read from the prompt, was right 93% of the
+    time, the later steps', read from the answer, 38%).
     """
     b, l = input_ids.shape
     t = _rand((b,), generator, input_ids.device)
@@ -46,8 +54,21 @@ def sft_noise(
         p = torch.where(_rand((b,), generator, input_ids.device) < full_mask_prob, torch.ones_like(p), p)
     p_mask = p[:, None].expand(b, l)
     masked = (_rand((b, l), generator, input_ids.device) < p_mask) & answer_mask
+    if prefix_prob > 0:  # drawn only when enabled (same reason as above)
+        masked = masked & ~_revealed_prefix(answer_mask, prefix_prob, generator)
     noisy = torch.where(masked, torch.full_like(input_ids, mask_id), input_ids)
     return noisy, masked, p_mask
+
+
+def _revealed_prefix(answer_mask: torch.Tensor, prefix_prob: float,
+                     generator: torch.Generator | None) -> torch.Tensor:
+    """[b, l] True on the answer slots before each chosen row's cut (cut ~ U{0, ..., n_answer - 1})."""
+    b = answer_mask.shape[0]
+    chosen = _rand((b,), generator, answer_mask.device) < prefix_prob
+    n_answer = answer_mask.sum(dim=1)
+    cut = (_rand((b,), generator, answer_mask.device) * n_answer).floor().long()
+    rank = answer_mask.long().cumsum(dim=1) - 1  # 0-based index of each answer slot within its row
+    return answer_mask & chosen[:, None] & (rank < cut[:, None])
 
 
 def sft_loss(

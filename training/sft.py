@@ -40,7 +40,8 @@ class SFTTrainer(Trainer):
 
     def compute_loss(self, model, batch: Batch, generator: torch.Generator) -> torch.Tensor:
         noisy, masked, p_mask = sft_noise(batch.input_ids, batch.answer_mask, self.mask_id(), generator,
-                                          self.cfg.mask_eps, self.cfg.full_mask_prob, self.cfg.t_min)
+                                          self.cfg.mask_eps, self.cfg.full_mask_prob, self.cfg.t_min,
+                                          self.cfg.prefix_prob)
         p = batch.prompt_length
         logits = model(noisy, attention_mask=batch.attention_mask, prompt_length=p,
                        logits_range=(p, noisy.shape[1])).logits

@@ -148,3 +148,35 @@ def test_sft_noise_options_default_to_llada():
     assert ps.min() >= 0.5
     ps = torch.cat([sft_noise(b.input_ids, b.answer_mask, MASK, g, full_mask_prob=0.5)[2][:, 0] for _ in range(200)])
     assert 0.3 < float((ps == 1).float().mean()) < 0.7
+
+
+def test_sft_noise_prefix_reveals_a_prefix_and_masks_only_after_it():
+    b = _batch()
+    g = torch.Generator().manual_seed(7)
+    cuts = []
+    for _ in range(300):
+        # full_mask_prob=1: every slot after the cut is masked, so the cut is where masking starts
+        noisy, masked, p_mask = sft_noise(b.input_ids, b.answer_mask, MASK, g, full_mask_prob=1.0, prefix_prob=1.0)
+        assert not (masked & ~b.answer_mask).any()
+        for row in range(2):
+            m = masked[row, b.answer_mask[row]].tolist()
+            cut = m.index(True)  # the last slot is never revealed: cut <= n_answer - 1
+            assert m == [False] * cut + [True] * (len(m) - cut)
+            assert (noisy[row, b.answer_mask[row]][:cut] == b.input_ids[row, b.answer_mask[row]][:cut]).all()
+            cuts.append(cut)
+    assert set(cuts) == {0, 1, 2, 3}  # uniform over the 4 answer slots
+
+
+def test_sft_noise_prefix_prob_is_a_row_fraction_and_zero_is_the_default_stream():
+    b = _batch()
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    a = sft_noise(b.input_ids, b.answer_mask, MASK, g1, full_mask_prob=0.5)
+    c = sft_noise(b.input_ids, b.answer_mask, MASK, g2, full_mask_prob=0.5, prefix_prob=0.0)
+    assert all(torch.equal(x, y) for x, y in zip(a, c))
+    g = torch.Generator().manual_seed(4)
+    partial = 0
+    for _ in range(400):
+        _, masked, _ = sft_noise(b.input_ids, b.answer_mask, MASK, g, full_mask_prob=1.0, prefix_prob=0.5)
+        partial += int((masked[:, 3:].sum(1) < 4).sum())
+    # revealed rows with a cut > 0 (3 of 4 cuts) are the only partially masked rows: 0.5 * 3/4 of 800
+    assert 230 < partial < 370
