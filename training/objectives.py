@@ -42,8 +42,9 @@ def sft_noise(
     drawn uniformly over its slots, and only the slots after the cut can be masked. Semi-autoregressive
     decoding commits a worked solution roughly left to right, so a step's operands are on the canvas
     while its result is still masked; i.i.d. masks at p >= 0.5 almost never show a small model that
-    state (measured on gsm: the first step's arithmetic, read from the prompt, was right 93% of the
-    time, the later steps', read from the answer, 38%).
+    state (``benchmarks/gsm_step_probe.py`` on the step-14000 ``tiny``: with the reference solution
+    given up to the ``=``, step 1, operands from the prompt, right 85%; step 2, operands from the
+    answer, 12%).
     """
     b, l = input_ids.shape
     t = _rand((b,), generator, input_ids.device)
