@@ -14,7 +14,7 @@ import collections
 import torch
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny-d2f")
     ap.add_argument("--suite", default="gsm,arith")
@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     model = load_model(args.model).eval()
     tok = load_tokenizer(resolve_model_path(args.model))
     base = model.diffusion_generation_config
+    result: dict = {}
     print(f"{args.model}: share of rounds won per branch id (0 = anchor), {args.n} test problems per suite, "
           f"batch 1, torch threads {args.threads}")
     for suite in args.suite.split(","):
@@ -50,8 +51,10 @@ def main(argv: list[str] | None = None) -> None:
                     out = model.generate(ids, generation_config=cfg, tokenizer=tok)
                 wins.update(out.stats["lopa_winners"][0])
             rounds = sum(wins.values())
+            result[(suite, k)] = wins
             shares = ", ".join(f"{i}: {100 * c / rounds:.0f}%" for i, c in sorted(wins.items()))
             print(f"  {suite:6s} k={k:<3d} rounds {rounds:4d}  {shares}")
+    return result
 
 
 if __name__ == "__main__":
