@@ -191,7 +191,7 @@ def make_context(
 ) -> AttentionContext:
     """Resolve positions, the key range and the mask description for one forward.
 
-    ``attn_backend`` is the requested backend (``auto`` | ``sdpa`` | ``flex``, see
+    ``attn_backend`` is the requested backend (``auto`` | ``sdpa`` | ``flex`` | ``eager``, see
     :func:`~dllm.modeling.attention_backends.requested_backend`; None: ``DLLM_ATTN_BACKEND`` or
     ``auto``), resolved here for the forward's device and autograd mode.
     """
@@ -236,7 +236,7 @@ def make_context(
         key_valid=key_valid,
         device=device,
     )
-    backend = resolve_backend(attn_backend or requested_backend(), device)
+    backend = resolve_backend(attn_backend or requested_backend(), device, dtype)
     if position_ids.dim() == 1:
         position_ids = position_ids[None]
     cos, sin = rope(position_ids, dtype)

@@ -321,9 +321,16 @@ def test_sdpa_builds_the_dense_mask_once_per_forward(bc, monkeypatch):
 # --- selection --------------------------------------------------------------------------------
 def test_backend_selection(bc, monkeypatch):
     assert bc.attention_backend == "auto"
-    with pytest.raises(ValueError, match="valid: auto, sdpa, flex"):
+    with pytest.raises(ValueError, match="valid: auto, sdpa, flex, eager"):
         bc.set_attention_backend("xformers")
     assert ab.resolve_backend("auto", torch.device("cpu")) == "sdpa"
+    with torch.enable_grad():
+        assert ab.resolve_backend("auto", torch.device("cpu")) == "sdpa"  # float32 training: on par
+        assert ab.resolve_backend("auto", torch.device("cpu"), torch.bfloat16) == "eager"
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # CPU training under bf16 autocast
+            assert ab.resolve_backend("auto", torch.device("cpu"), torch.float32) == "eager"
+            assert ab.resolve_backend("sdpa", torch.device("cpu"), torch.float32) == "sdpa"
+    assert ab.resolve_backend("auto", torch.device("cpu"), torch.bfloat16) == "sdpa"  # decoding keeps SDPA
     assert ab.resolve_backend("flex", torch.device("cpu")) == "flex"
     assert ab.resolve_backend("auto", torch.device("cuda")) == "flex"
     with torch.enable_grad():
@@ -384,3 +391,54 @@ def test_gpu_generate_flex_equals_sdpa(kw):
     a, b = _both(lambda be: _generate(m, be, ids.cuda(), kv.cuda(), **kw))
     assert torch.equal(a.sequences, b.sequences)
     assert not ab._BROKEN
+
+
+# --- eager (explicit matmul + float32 softmax; the CPU training default) ---------------------------
+@pytest.mark.parametrize("which", ["bi", "bc", "dream_bc"])
+def test_eager_matches_sdpa(which, request):
+    m = request.getfixturevalue(which)
+    ids, kv = _padded([6, 9], seed=21)
+    ref = m(ids, attention_mask=kv, prompt_length=5, attn_backend="sdpa").logits
+    _close(ref, m(ids, attention_mask=kv, prompt_length=5, attn_backend="eager").logits)
+
+
+@pytest.mark.parametrize("which", ["bc", "dream_bc"])
+def test_eager_gradients_match_sdpa(which, request):
+    m = request.getfixturevalue(which)
+    ids, kv = _padded([7, 10], seed=22)
+    grads = {}
+    with torch.enable_grad():
+        for backend in ("sdpa", "eager"):
+            m.zero_grad(set_to_none=True)
+            logits = m(ids, attention_mask=kv, prompt_length=5, attn_backend=backend).logits
+            logits.float().logsumexp(-1).sum().backward()
+            grads[backend] = [p.grad.clone() for p in m.parameters() if p.grad is not None]
+        m.zero_grad(set_to_none=True)
+    assert len(grads["sdpa"]) == len(grads["eager"]) > 0
+    _close(grads["sdpa"], grads["eager"], tol=1e-4)
+
+
+def test_cpu_training_forward_takes_eager(bc, monkeypatch):
+    seen = []
+    real = ab.eager_attention
+    monkeypatch.setattr(ab, "eager_attention", lambda *a, **k: seen.append(1) or real(*a, **k))
+    ids, kv = _padded([6, 9], seed=23)
+    bc(ids, attention_mask=kv, prompt_length=5)  # no grad (the fixture): sdpa
+    assert seen == []
+    with torch.enable_grad():
+        bc(ids, attention_mask=kv, prompt_length=5).logits.sum().backward()  # float32: sdpa
+        assert seen == []
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = bc(ids, attention_mask=kv, prompt_length=5).logits.float().sum()
+        loss.backward()
+    bc.zero_grad(set_to_none=True)
+    assert len(seen) == bc.spec.num_layers
+
+
+def test_eager_bf16_close_to_sdpa():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 12, 16, dtype=torch.bfloat16) for _ in range(3))
+    mask = torch.ones(2, 1, 12, 12, dtype=torch.bool)
+    mask[0, :, :, :3] = False
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    _close(ref, ab.eager_attention(q, k, v, mask, gqa=False), tol=2e-2)
