@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -18,8 +19,8 @@ def load_tokenizer_for(section: ModelSection):
     """The tokenizer named in the recipe, else the checkpoint's, else one built from the task suites."""
     if section.tokenizer:
         return load_tokenizer(resolve_model_path(section.tokenizer))
-    if section.path:
-        path = resolve_model_path(section.path)
+    if section.path or section.grow_from:
+        path = resolve_model_path(section.path or section.grow_from)
         if not (path / "tokenizer.json").exists() and not (path / "tokenizer_config.json").exists():
             raise FileNotFoundError(f"{path} has no tokenizer; set model.tokenizer to a tokenizer directory")
         return load_tokenizer(path)
@@ -33,6 +34,9 @@ def init_model(section: ModelSection, tokenizer, attention_policy: str | None = 
     """Load ``section.path`` or build a fresh model from ``section.config`` sized to the tokenizer."""
     policy = attention_policy or section.attention_policy
     bsz = block_size or section.block_size
+    if section.path and section.grow_from:
+        raise ValueError("model.path and model.grow_from are exclusive: grow_from builds model.config and "
+                         "copies the checkpoint's layers into it")
     if section.path:
         model = load_model(section.path, attention_policy=policy, block_size=bsz, dtype=section.dtype)
         return model.train()
@@ -55,7 +59,50 @@ def init_model(section: ModelSection, tokenizer, attention_policy: str | None = 
         model = DreamModel(config)
     else:
         raise ValueError(f"model.config.model_type={model_type!r}; valid: llada, Dream")
+    if section.grow_from:
+        source = load_model(section.grow_from, attention_policy=policy, block_size=bsz)
+        grow_depth(model, source)
     return model.train()
+
+
+_LAYER_KEY = re.compile(r"^(.*\.(?:blocks|layers))\.(\d+)\.(.+)$")
+# the projections that write a block's result into the residual stream (LLaDA, Dream)
+_OUTPUT_PROJECTIONS = {"attn_out", "ff_out", "o_proj", "down_proj"}
+
+
+def grow_depth(model: torch.nn.Module, source: torch.nn.Module) -> dict[int, int]:
+    """Copy ``source`` into the deeper ``model`` so that both compute the same function.
+
+    Target layer ``i`` takes source layer ``floor(i * L_src / L_tgt)``; every non-first copy of a
+    source layer gets its output projections zeroed, which makes it an identity residual block
+    until training moves them. Everything outside the layers (embeddings, final norm, head) is
+    copied as is. Returns the map target layer -> source layer.
+    """
+    src_sd, tgt_sd = source.state_dict(), model.state_dict()
+    n_src = 1 + max((int(m.group(2)) for k in src_sd if (m := _LAYER_KEY.match(k))), default=-1)
+    n_tgt = 1 + max((int(m.group(2)) for k in tgt_sd if (m := _LAYER_KEY.match(k))), default=-1)
+    if n_src <= 0 or n_tgt < n_src:
+        raise ValueError(f"grow_from: the model has {n_tgt} layers and the checkpoint {n_src}; growing needs "
+                         "at least as many layers as the checkpoint")
+    mapping = {i: i * n_src // n_tgt for i in range(n_tgt)}
+    first_copy = {}
+    for i, j in mapping.items():
+        first_copy.setdefault(j, i)
+    new_sd = {}
+    for key, value in tgt_sd.items():
+        m = _LAYER_KEY.match(key)
+        src_key = f"{m.group(1)}.{mapping[int(m.group(2))]}.{m.group(3)}" if m else key
+        if src_key not in src_sd or src_sd[src_key].shape != value.shape:
+            got = tuple(src_sd[src_key].shape) if src_key in src_sd else "missing"
+            raise ValueError(f"grow_from: {key} {tuple(value.shape)} has no match in the checkpoint ({src_key}: "
+                             f"{got}); only the number of layers may differ")
+        w = src_sd[src_key].detach().clone().to(value.dtype)
+        duplicate = m is not None and first_copy[mapping[int(m.group(2))]] != int(m.group(2))
+        if duplicate and _OUTPUT_PROJECTIONS & set(m.group(3).split(".")):
+            w.zero_()
+        new_sd[key] = w
+    model.load_state_dict(new_sd)
+    return mapping
 
 
 def generation_defaults(tokenizer, max_new_tokens: int, block_size: int | None) -> dict:
