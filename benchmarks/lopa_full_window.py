@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import time
 
 import torch
 
@@ -83,43 +82,29 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers.utils import logging as hf_logging
 
     from dllm.loading import load_model, resolve_model_path
-    from dllm.tokenization import load_tokenizer
-    from eval.tasks import get_suite
-    from training.rollouts import encode_prompt
+    from dllm.text import load_tokenizer_for
+    from eval.bench import parse_methods, run_bench
 
     hf_logging.disable_progress_bar()
     model = load_model(args.model).eval()
     if not model.is_block_causal:
         raise SystemExit(f"{args.model} is not block-causal: full-window attention is already its mask")
-    tok = load_tokenizer(resolve_model_path(args.model))
-    base = model.diffusion_generation_config
+    tok = load_tokenizer_for(resolve_model_path(args.model))
+    ks = [int(b) for b in args.branches.split(",")]
+    methods = parse_methods(",".join(f"lopa:lopa_branches={k}" for k in ks))
     print(f"{args.model}: LoPA with the model's block-causal mask vs full-window attention, greedy, batch 1, "
-          f"{args.n} test problems per suite, torch threads {args.threads}")
-    print(f"{'suite':6s} {'attention':12s} {'k':>3s} {'acc %':>6s} {'TPF':>5s} {'rounds':>6s} {'s':>5s}")
+          f"{args.n} test problems per suite, torch threads {args.threads} (accuracy and TPF as in dllm bench)")
+    print(f"{'suite':6s} {'attention':12s} {'k':>3s} {'acc %':>6s} {'TPF':>5s}")
     result: dict = {}
-    for suite_name in args.suite.split(","):
-        suite = get_suite(suite_name)
-        examples = suite.examples("test", args.n)
-        for mode in ("block_causal", "full_window"):
-            for k in (int(b) for b in args.branches.split(",")):
-                cfg = base.replace(strategy="lopa", lopa_branches=k, temperature=0.0,
-                                   mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
-                                   pad_token_id=tok.pad_token_id, return_dict_in_generate=True)
-                correct = tokens = rounds = 0
-                t0 = time.perf_counter()
-                with full_window(model) if mode == "full_window" else contextlib.nullcontext():
-                    for ex in examples:
-                        ids = torch.tensor([encode_prompt(tok, ex.prompt)])
-                        with torch.no_grad():
-                            out = model.generate(ids, generation_config=cfg, tokenizer=tok)
-                        text = tok.decode(out.sequences[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
-                        correct += int(suite.score(ex, text).correct)
-                        tokens += int(out.generated_tokens[0])
-                        rounds += int(out.num_forwards[0])
-                row = {"accuracy": 100.0 * correct / len(examples), "tpf": tokens / rounds, "rounds": rounds}
-                result[(suite_name, mode, k)] = row
-                print(f"{suite_name:6s} {mode:12s} {k:3d} {row['accuracy']:6.1f} {row['tpf']:5.2f} {rounds:6d} "
-                      f"{time.perf_counter() - t0:5.0f}", flush=True)
+    for mode in ("block_causal", "full_window"):
+        with full_window(model) if mode == "full_window" else contextlib.nullcontext():
+            report = run_bench(model, tok, suites=args.suite, methods=methods, n=args.n, progress=False)
+        for k, row in zip(ks, report["results"], strict=True):
+            for suite_name, ps in row["per_suite"].items():
+                result[(suite_name, mode, k)] = {"accuracy": ps["accuracy"], "tpf": ps["tpf"]}
+    for (suite_name, mode, k), row in sorted(result.items(), key=lambda kv: (args.suite.split(",").index(kv[0][0]),
+                                                                            kv[0][1], kv[0][2])):
+        print(f"{suite_name:6s} {mode:12s} {k:3d} {row['accuracy']:6.1f} {row['tpf']:5.2f}")
     return result
 
 

@@ -22,7 +22,8 @@ Selection, highest priority first: the ``attn_backend=`` argument of a forward, 
 variable ``DLLM_ATTN_BACKEND``, ``model.set_attention_backend(...)``, a ``attn_backend`` attribute
 of the model config, then ``"auto"``. ``auto`` is ``flex`` for CUDA inference forwards (no autograd)
 when FlexAttention is available, ``eager`` for CPU forwards with autograd in bf16/fp16 (training
-under autocast), ``sdpa`` otherwise (CPU decoding, and CUDA training, whose compiled flex backward is not verified here).
+under autocast), ``sdpa`` otherwise (CPU decoding, CPU float32 training, and CUDA training, whose
+compiled flex backward is not verified here).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ def test_full_window_rows_and_cleanup(capsys):
         torch.set_num_threads(threads)
     assert set(result) == {("arith", m, k) for m in ("block_causal", "full_window") for k in (0, 2)}
     for row in result.values():
-        assert 0.0 <= row["accuracy"] <= 100.0 and row["rounds"] >= 2 and row["tpf"] > 0
+        assert 0.0 <= row["accuracy"] <= 100.0 and row["tpf"] > 0
     assert (lopa.SlotWorker.__init__, lopa.select_winners, lopa._check_commit_noop) == before
     assert "full_window" in capsys.readouterr().out
 
