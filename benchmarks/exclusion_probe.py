@@ -8,7 +8,8 @@ reports, over the masked name slots that have at least one visible name in their
 probability each model puts on the visible names. A model that ignored the answer would put about
 ``visible / names`` there (printed as ``ignore-answer level``); one that excludes puts close to 0.
 Every model runs with its own attention policy (``tiny`` bidirectional, ``tiny-d2f`` block-causal),
-on the same noised canvases.
+on the same noised canvases, encoded with the first model's tokenizer (the models must share it, as
+a teacher and its distilled students do).
 
     python benchmarks/exclusion_probe.py --models tiny,tiny-d2f --n 400
 """

@@ -1,29 +1,13 @@
 """benchmarks/lopa_full_window.py: the full-window attention experiment runs and leaves nothing patched."""
 
-import importlib.util
-from pathlib import Path
-
 import torch
 
 import decoding.loops.lopa as lopa
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "lopa_full_window.py"
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("lopa_full_window", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_full_window_rows_and_cleanup(capsys):
+def test_full_window_rows_and_cleanup(capsys, run_benchmark):
     before = (lopa.SlotWorker.__init__, lopa.select_winners, lopa._check_commit_noop)
-    threads = torch.get_num_threads()
-    try:
-        result = _load().main(["--suite", "arith", "--n", "2", "--branches", "0,2"])
-    finally:
-        torch.set_num_threads(threads)
+    result = run_benchmark("lopa_full_window", ["--suite", "arith", "--n", "2", "--branches", "0,2"])
     assert set(result) == {("arith", m, k) for m in ("block_causal", "full_window") for k in (0, 2)}
     for row in result.values():
         assert 0.0 <= row["accuracy"] <= 100.0 and row["tpf"] > 0
@@ -31,12 +15,12 @@ def test_full_window_rows_and_cleanup(capsys):
     assert "full_window" in capsys.readouterr().out
 
 
-def test_full_window_changes_the_attention_and_commits_the_winner():
+def test_full_window_changes_the_attention_and_commits_the_winner(load_benchmark):
     from dllm.loading import load_model, resolve_model_path
     from dllm.tokenization import load_tokenizer
     from training.rollouts import encode_prompt
 
-    mod = _load()
+    mod = load_benchmark("lopa_full_window")
     model = load_model("tiny-d2f").eval()
     tok = load_tokenizer(resolve_model_path("tiny-d2f"))
     ids = torch.tensor([encode_prompt(tok, "reverse : Ann Bob Cal Dee Eve")])
@@ -55,10 +39,10 @@ def test_full_window_changes_the_attention_and_commits_the_winner():
     assert model.forward is spy  # restored
 
 
-def test_winner_cache_rows_are_copied_to_the_other_branches():
+def test_winner_cache_rows_are_copied_to_the_other_branches(load_benchmark):
     from dllm.loading import load_model
 
-    mod = _load()
+    mod = load_benchmark("lopa_full_window")
     model = load_model("tiny-d2f").eval()
     rows, groups = 2, 3
     settings = lopa.SlotSettings(prompt_length=4, mask_id=3, use_cache=True, suppress_mask=True, temperature=0.0,

@@ -1,6 +1,5 @@
 """benchmarks/serve_load.py: mode parsing and the server CPU count (engine process included)."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -9,15 +8,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
-def serve_load():
-    spec = importlib.util.spec_from_file_location("serve_load", ROOT / "benchmarks" / "serve_load.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def serve_load(load_benchmark):
+    return load_benchmark("serve_load")
 
 
 def test_modes(serve_load):
