@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--pmask-low", type=float, default=0.0)
     ap.add_argument("--pmask-high", type=float, default=1.0)
     ap.add_argument("--block-size", type=int, default=8)
-    ap.add_argument("--canvas", type=int, default=16)
+    ap.add_argument("--canvas", type=int, default=16, help="answer slots; at least block size + 2")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> dict:
     from training.data import collate, encode_answer, encode_prompt
     from training.objectives import d2f_noise
 
+    if args.canvas < args.block_size + 2:
+        raise SystemExit(f"--canvas {args.canvas} is too short: it needs at least --block-size + 2 "
+                         f"= {args.block_size + 2} answer slots")
     hf_logging.disable_progress_bar()
     names = [m for m in args.models.split(",") if m]
     tok = load_tokenizer(resolve_model_path(names[0]))
@@ -68,15 +71,29 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{len(examples)} shuffle problems, {len(probes)} masked name slots with a visible name in their row "
           f"(noise: monotone per-block ratios from U[{args.pmask_low}, {args.pmask_high}), blocks of "
           f"{args.block_size}); ignore-answer level {ignore:.3f}")
-    result = {"ignore_level": ignore, "slots": len(probes), "problems": len(examples), "models": {}}
+    # Can slots 1-3 of the first answer block see slot 0 at all? Logit change when one token is written
+    # into a fully masked answer at slot 0 (same block) or at slot block_size + 1 (the next block).
+    row = batch.input_ids[:1].clone()
+    row[0, p:] = tok.mask_token_id
+    same, nxt = row.clone(), row.clone()
+    same[0, p] = batch.input_ids[0, p]
+    nxt[0, p + args.block_size + 1] = batch.input_ids[0, p]
+    result = {"ignore_level": ignore, "slots": len(probes), "problems": len(examples), "models": {},
+              "sensitivity": {}}
     for name in names:
         model = load_model(name).eval()
         with torch.no_grad():
             probs = model(noisy, attention_mask=batch.attention_mask, prompt_length=p).logits.float().softmax(-1)
+            base, l_same, l_next = (model(x, attention_mask=batch.attention_mask[:1], prompt_length=p).logits.float()
+                                    [0, p + 1:p + 4] for x in (row, same, nxt))
         mass = sum(float(probs[i, s, v].sum()) for i, s, v, _ in probes) / len(probes)
         policy = getattr(model.config, "attention_policy", None) or "bidirectional"
+        sens = (float((l_same - base).abs().max()), float((l_next - base).abs().max()))
         result["models"][name] = mass
-        print(f"  {name:24s} ({policy}): mean probability on names already visible {mass:.3f}")
+        result["sensitivity"][name] = sens
+        print(f"  {name:24s} ({policy}): mean probability on names already visible {mass:.3f}; "
+              f"max logit change at answer slots 1-3 when slot 0 is written {sens[0]:.2f}, "
+              f"when slot {args.block_size + 1} (next block) is written {sens[1]:.2f}")
     return result
 
 
