@@ -49,6 +49,10 @@ class DataSection:
     eos_pad_power: float = 3.0
     mix: str = "per_batch"  # per_batch: one suite per micro-batch (short padding); per_example: mixed
     chunk_size: int = 2048  # examples generated per suite at a time (deterministic in seed and chunk)
+    # suite -> constructor options for the training stream only (evaluation always uses the full
+    # suite), e.g. {lists: {ops: [copy, replace_random, replace_random]}}: an op named twice is drawn
+    # twice as often.
+    suite_options: dict = field(default_factory=dict)
 
 
 @dataclass

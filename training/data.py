@@ -108,7 +108,11 @@ class TaskStream:
         self.rank = rank
         self.pad_multiple = max(1, pad_multiple)
         weights = {k: float(v) for k, v in cfg.tasks.items() if float(v) > 0}
-        self.suites = {name: get_suite(name) for name in weights}
+        unknown = sorted(set(cfg.suite_options) - set(weights))
+        if unknown:
+            raise ValueError(f"data.suite_options names suites {unknown} that data.tasks does not train on "
+                             f"(with a weight > 0): {', '.join(weights)}")
+        self.suites = {name: get_suite(name, **dict(cfg.suite_options.get(name) or {})) for name in weights}
         self.names = list(weights)
         self.weights = [weights[n] for n in self.names]
         for name, suite in self.suites.items():

@@ -28,12 +28,17 @@ def suite_names() -> list[str]:
     return list(_SUITES)
 
 
-def get_suite(name: str) -> TaskSuite:
-    """A fresh suite instance by name; ValueError listing the valid names otherwise."""
+def get_suite(name: str, **options) -> TaskSuite:
+    """A fresh suite instance by name, with its constructor's ``options`` (e.g. ``ops`` for lists);
+    ValueError listing the valid names (or naming the bad option) otherwise."""
     try:
-        return _SUITES[name.strip()]()
+        cls = _SUITES[name.strip()]
     except (KeyError, AttributeError):
         raise ValueError(f"unknown suite {name!r}; valid suites: {', '.join(_SUITES)}") from None
+    try:
+        return cls(**options)
+    except TypeError as e:  # an option the suite does not take
+        raise ValueError(f"suite {name!r} does not take options {sorted(options)}: {e}") from None
 
 
 def resolve_suites(spec: str) -> list[TaskSuite]:

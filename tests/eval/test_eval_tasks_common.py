@@ -31,6 +31,15 @@ def test_registry():
         resolve_suites(" , ")
 
 
+def test_get_suite_passes_options_and_names_a_bad_one():
+    ops = {e.meta["op"] for e in get_suite("lists", ops=["copy", "sort"]).examples("train", 50)}
+    assert ops == {"copy", "sort"}
+    with pytest.raises(ValueError, match="'arith' does not take options \\['ops'\\]"):
+        get_suite("arith", ops=["copy"])
+    with pytest.raises(ValueError, match="valid ops"):
+        get_suite("lists", ops=["juggle"])
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_bad_split_and_n(name):
     suite = get_suite(name)

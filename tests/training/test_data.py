@@ -85,3 +85,18 @@ def test_block_diffusion_sft_runs(tmp_path):
 
     conf = json.loads((tmp_path / "run" / "final" / "config.json").read_text())
     assert conf["attention_policy"] == "block_causal" and conf["block_size"] == 4
+
+
+def test_suite_options_reweight_the_training_stream_only(tokenizer):
+    ops = ["copy", "replace_random", "replace_random", "replace_random"]
+    cfg = DataSection(tasks={"lists": 1}, max_new_tokens=CANVAS, chunk_size=64,
+                      suite_options={"lists": {"ops": ops}})
+    s = TaskStream(tokenizer, cfg, batch_size=8, seed=0)
+    texts = [tokenizer.decode(q, skip_special_tokens=True) for _ in range(25) for q in s.next_batch().input_ids]
+    n_copy = sum("copy :" in t for t in texts)
+    n_rand = sum("replace any one name" in t for t in texts)
+    assert n_copy + n_rand == len(texts) == 200  # no other op is drawn
+    assert 2 * n_copy < n_rand  # a name listed three times is drawn about three times as often
+    with pytest.raises(ValueError, match="does not train on"):
+        TaskStream(tokenizer, DataSection(tasks={"arith": 1}, suite_options={"lists": {"ops": ["copy"]}}),
+                   batch_size=2, seed=0)
