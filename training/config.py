@@ -287,6 +287,8 @@ def validate(cfg: TrainConfig) -> None:
     if not cfg.data.tasks or any(float(w) < 0 for w in cfg.data.tasks.values()) or \
             sum(float(w) for w in cfg.data.tasks.values()) <= 0:
         bad("data.tasks needs at least one suite with a positive weight")
+    if cfg.data.suite_options and (err := suite_options_error(cfg.data)):
+        bad(err)
     if isinstance(cfg, SFTConfig):
         for key in ("full_mask_prob", "t_min", "prefix_prob"):
             if not 0 <= getattr(cfg, key) <= 1:
@@ -296,6 +298,25 @@ def validate(cfg: TrainConfig) -> None:
             bad("need 0 <= pmask_low <= pmask_high <= 1")
         if cfg.block_size < 1:
             bad("block_size must be >= 1")
+
+
+def suite_options_error(data: DataSection) -> str | None:
+    """Why ``data.suite_options`` cannot build the training suites, or None."""
+    from eval.tasks import get_suite
+
+    trained = [k for k, v in data.tasks.items() if float(v) > 0]
+    unknown = sorted(set(data.suite_options) - set(trained))
+    if unknown:
+        return (f"data.suite_options names suites {unknown} that data.tasks does not train on "
+                f"(with a weight > 0): {', '.join(trained)}")
+    for name, opts in data.suite_options.items():
+        if not isinstance(opts, dict):
+            return f"data.suite_options.{name} must be a mapping of options, e.g. {{ops: [copy, sort]}}"
+        try:
+            get_suite(name, **opts)
+        except (ValueError, TypeError) as e:
+            return f"data.suite_options.{name}: {e}"
+    return None
 
 
 def to_dict(cfg) -> dict:

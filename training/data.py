@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import DataSection
+from .config import DataSection, suite_options_error
 
 
 @dataclass
@@ -108,11 +108,9 @@ class TaskStream:
         self.rank = rank
         self.pad_multiple = max(1, pad_multiple)
         weights = {k: float(v) for k, v in cfg.tasks.items() if float(v) > 0}
-        unknown = sorted(set(cfg.suite_options) - set(weights))
-        if unknown:
-            raise ValueError(f"data.suite_options names suites {unknown} that data.tasks does not train on "
-                             f"(with a weight > 0): {', '.join(weights)}")
-        self.suites = {name: get_suite(name, **dict(cfg.suite_options.get(name) or {})) for name in weights}
+        if cfg.suite_options and (err := suite_options_error(cfg)):
+            raise ValueError(err)
+        self.suites = {name: get_suite(name, **cfg.suite_options.get(name, {})) for name in weights}
         self.names = list(weights)
         self.weights = [weights[n] for n in self.names]
         for name, suite in self.suites.items():

@@ -7,6 +7,8 @@ True
 """
 from __future__ import annotations
 
+import inspect
+
 from .arith import ArithSuite
 from .base import Example, Score, TaskSuite, count_tokens, split_of_key
 from .countdown import CountdownSuite
@@ -35,10 +37,12 @@ def get_suite(name: str, **options) -> TaskSuite:
         cls = _SUITES[name.strip()]
     except (KeyError, AttributeError):
         raise ValueError(f"unknown suite {name!r}; valid suites: {', '.join(_SUITES)}") from None
-    try:
-        return cls(**options)
-    except TypeError as e:  # an option the suite does not take
-        raise ValueError(f"suite {name!r} does not take options {sorted(options)}: {e}") from None
+    if options:
+        takes = [k for k in inspect.signature(cls).parameters if k != "self"]
+        extra = sorted(set(options) - set(takes))
+        if extra:
+            raise ValueError(f"suite {name!r} does not take options {extra}; it takes: {', '.join(takes) or 'none'}")
+    return cls(**options)
 
 
 def resolve_suites(spec: str) -> list[TaskSuite]:

@@ -34,10 +34,12 @@ def test_registry():
 def test_get_suite_passes_options_and_names_a_bad_one():
     ops = {e.meta["op"] for e in get_suite("lists", ops=["copy", "sort"]).examples("train", 50)}
     assert ops == {"copy", "sort"}
-    with pytest.raises(ValueError, match="'arith' does not take options \\['ops'\\]"):
+    with pytest.raises(ValueError, match="'arith' does not take options \\['ops'\\]; it takes: none"):
         get_suite("arith", ops=["copy"])
     with pytest.raises(ValueError, match="valid ops"):
         get_suite("lists", ops=["juggle"])
+    with pytest.raises(ValueError, match="'lists' does not take options \\['opz'\\]; it takes: ops"):
+        get_suite("lists", opz=["copy"])
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -100,3 +100,18 @@ def test_suite_options_reweight_the_training_stream_only(tokenizer):
     with pytest.raises(ValueError, match="does not train on"):
         TaskStream(tokenizer, DataSection(tasks={"arith": 1}, suite_options={"lists": {"ops": ["copy"]}}),
                    batch_size=2, seed=0)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.suite_options.gsm.ops=[copy]", "does not train on"),
+    ("data.suite_options.lists.opz=[copy]", "does not take options \\['opz'\\]"),
+    ("data.suite_options.lists.ops=[juggle]", "valid ops"),
+    ("data.suite_options.lists=copy", "must be a mapping"),
+])
+def test_bad_suite_options_fail_when_the_config_loads(override, message):
+    from training.config import ConfigError
+
+    from .conftest import REPO
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(SFTConfig, REPO / "recipes" / "smoke-sft.yaml", [override])
