@@ -296,7 +296,7 @@ def test_report_before_after_and_curves(ckpt, tmp_path):
     assert (out / "curves.png").stat().st_size > 1000
 
 
-@pytest.mark.parametrize("name", ["smoke-grpo", "grpo-tiny", "grpo-8b"])
+@pytest.mark.parametrize("name", ["smoke-grpo", "grpo-tiny", "grpo-8b", "grpo-tiny-acc"])
 def test_recipes_load(name):
     cfg = load_grpo_config(REPO / "recipes" / f"{name}.yaml")
     assert cfg.rollout.temperature == 1.0 and cfg.rollout.strategy == "threshold"
@@ -304,6 +304,9 @@ def test_recipes_load(name):
         assert cfg.model.path == "tiny-d2f" and cfg.loss.estimator == "block_masked" and cfg.reward.tpf_weight == 2.0
         # explores below the threshold it is judged at (docs/rl.md, session 5)
         assert cfg.rollout.threshold == 0.7 and cfg.evaluation.threshold == 0.9
+    if name == "grpo-tiny-acc":  # accuracy only, judged by the quality bar's decoder
+        assert cfg.reward.tpf_weight == 0.0 and cfg.filter.tpf_range == 0.0
+        assert cfg.evaluation.strategies == ["vanilla"] and cfg.data.max_new_tokens % cfg.rollout.block_length == 0
 
 
 @pytest.mark.slow
