@@ -4,8 +4,8 @@ The Fast-dLLM prefix and dual caches keep the prompt's K/V from the start of a b
 block the prompt positions then no longer see the answer being written, while the answer slots still
 see each other (the current block is recomputed every step). On the bundled bidirectional `tiny`
 copy and reverse survive this, but ops whose answer must not reuse a name collapse, and nearly every
-wrong answer repeats a name. The model has learned to tell which names are already written through
-the prompt positions attending to the answer; a cached prompt cannot carry that.
+wrong answer repeats a name: the model appears to tell which names are already written through the
+prompt positions attending to the answer, which a cached prompt cannot carry.
 
 For each list op (``--ops``) the first ``--n`` test problems of that op are decoded greedily with
 ``--strategy`` once per entry of ``--caches``. Reported per (op, cache): accuracy, failures, and
@@ -45,14 +45,14 @@ def main(argv: list[str] | None = None) -> dict:
     from dllm.loading import load_model, resolve_model_path
     from dllm.tokenization import load_tokenizer
     from eval.tasks import get_suite
-    from eval.tasks.lists import OPS
     from training.rollouts import encode_prompt
 
     hf_logging.disable_progress_bar()
     ops, caches = args.ops.split(","), args.caches.split(",")
-    bad = [o for o in ops if o not in OPS]
-    if bad:
-        raise SystemExit(f"unknown list op(s) {', '.join(bad)}; valid: {', '.join(OPS)}")
+    try:
+        suites = {op: get_suite("lists", ops=[op]) for op in ops}
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     bad = [c for c in caches if c not in CACHES]
     if bad:
         raise SystemExit(f"unknown cache(s) {', '.join(bad)}; valid: {', '.join(CACHES)}")
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{'op':<16}{'cache':<8}{'correct':>9}{'failures':>10}{'repeat a name':>15}")
     rows = []
     for op in ops:
-        suite = get_suite("lists", ops=[op])
+        suite = suites[op]
         examples = list(suite.examples("test", args.n))
         for cache in caches:
             cfg = base.replace(cache=cache)
