@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -146,6 +147,26 @@ def solution_text(steps: list[Step]) -> str:
     return " ".join(parts) + f" #### {result}"
 
 
+_EQUATION_RE = re.compile(r"(-?\d+) ([-+*]) (-?\d+) = (-?\d+)")
+
+
+def grounded_correct_steps(prompt: str, completion: str) -> int:
+    """Distinct written equations ``a op b = c`` that are arithmetically right and use known numbers.
+
+    A number is known once it is in the question or is the result of an earlier counted equation,
+    so an equation made up of unrelated numbers (``1 + 1 = 2``) earns nothing, and writing the same
+    right equation twice counts once.
+    """
+    known = set(all_ints(prompt))
+    counted: set[tuple[int, str, int]] = set()
+    for a, op, b, c in _EQUATION_RE.findall(completion):
+        a, b, c = int(a), int(b), int(c)
+        if a in known and b in known and _apply(a, op, b) == c:
+            counted.add((a, op, b))
+            known.add(c)
+    return len(counted)
+
+
 def extract_final_answer(completion: str) -> int | None:
     """Integer after the last ``####``; falls back to the last integer in the text."""
     if "####" in completion:
@@ -185,7 +206,16 @@ class GsmSuite(TaskSuite):
         return f"{example.meta['n_steps']} steps"
 
     def score(self, example: Example, completion: str) -> Score:
-        """Correct iff the integer after the last ``####`` (else the last integer) equals the gold."""
+        """Correct iff the integer after the last ``####`` (else the last integer) equals the gold.
+
+        ``reward``: 1 when correct, else partial credit 0.5 x (grounded, arithmetically right
+        equations, at most the reference's step count) / step count. Most wrong answers of the
+        small models are one slip in an otherwise right chain, which a 0/1 reward cannot tell
+        apart from a wrong chain; stopping early earns no more than a full chain with one slip.
+        """
         got = extract_final_answer(completion)
         ok = got is not None and got == example.meta["answer"]
-        return Score(ok, 1.0 if ok else 0.0, {"parsed": got, "gold": example.meta["answer"]})
+        n_steps = example.meta["n_steps"]
+        steps = min(grounded_correct_steps(example.prompt, completion), n_steps)
+        reward = 1.0 if ok else 0.5 * steps / n_steps
+        return Score(ok, reward, {"parsed": got, "gold": example.meta["answer"], "correct_steps": steps})

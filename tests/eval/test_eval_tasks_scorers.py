@@ -58,6 +58,28 @@ def test_gsm_templates_and_scoring():
         assert not suite.score(e, "no number here").correct
 
 
+def test_gsm_partial_credit_counts_grounded_right_steps():
+    suite = get_suite("gsm")
+    for e in _ex("gsm", "test", 200):
+        n, gold = e.meta["n_steps"], e.meta["answer"]
+        assert suite.score(e, e.answer).reward == 1.0
+        assert suite.score(e, e.answer).details["correct_steps"] == n
+        steps = e.answer.split(" #### ")[0].split(" . ")
+        # one slip in the last step: every earlier step still earns credit, the answer none
+        lhs, rhs = steps[-1].rstrip(" .").split(" = ")
+        slipped = " . ".join(steps[:-1] + [f"{lhs} = {int(rhs) + 1} ."]) + f" #### {int(rhs) + 1}"
+        sc = suite.score(e, slipped)
+        assert not sc.correct and sc.reward == 0.5 * (n - 1) / n
+        # stopping after the first step earns no more than the chain with a slip
+        first = steps[0].rstrip(" .")
+        assert suite.score(e, f"{first} . #### -1").reward == 0.5 / n <= sc.reward
+        # equations not built from the question's numbers earn nothing, even when right
+        assert suite.score(e, "1000 + 1000 = 2000 . 2000 + 1000 = 3000 . #### 3000").reward == 0.0
+        # a right step written again counts once
+        assert suite.score(e, " ".join([steps[0]] * 5) + " #### -1").reward == 0.5 / n
+        assert suite.score(e, "no number here").reward == 0.0
+
+
 # ---------------------------------------------------------------- lists
 def test_lists_deterministic_ops_exact():
     suite = ListsSuite(ops=["copy", "reverse", "sort", "insert", "remove", "replace"])
