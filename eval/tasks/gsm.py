@@ -148,6 +148,17 @@ def solution_text(steps: list[Step]) -> str:
 
 
 _EQUATION_RE = re.compile(r"(-?\d+) ([-+*]) (-?\d+) = (-?\d+)")
+Equation = tuple[int, str, int, int]  # a op b = c, as written (c may be wrong)
+
+
+def written_equations(completion: str) -> list[Equation]:
+    """Every ``a op b = c`` in the text, in order."""
+    return [(int(a), op, int(b), int(c)) for a, op, b, c in _EQUATION_RE.findall(completion)]
+
+
+def equation_is_right(eq: Equation) -> bool:
+    a, op, b, c = eq
+    return _apply(a, op, b) == c
 
 
 def grounded_correct_steps(prompt: str, completion: str) -> int:
@@ -159,8 +170,7 @@ def grounded_correct_steps(prompt: str, completion: str) -> int:
     """
     known = set(all_ints(prompt))
     counted: set[tuple[int, str, int]] = set()
-    for a, op, b, c in _EQUATION_RE.findall(completion):
-        a, b, c = int(a), int(b), int(c)
+    for a, op, b, c in written_equations(completion):
         if a in known and b in known and _apply(a, op, b) == c:
             counted.add((a, op, b))
             known.add(c)
