@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from decoding import STRATEGIES
     from dllm.loading import load_model, resolve_model_path
+    from dllm.text import left_pad
     from dllm.tokenization import load_tokenizer
     from eval.tasks import get_suite
     from training.rollouts import encode_prompt
@@ -84,10 +85,8 @@ def main(argv: list[str] | None = None) -> dict:
     shown = 0
     for start in range(0, len(examples), args.batch_size):
         batch = examples[start:start + args.batch_size]
-        enc = [encode_prompt(tok, ex.prompt) for ex in batch]
-        width = max(map(len, enc))
-        ids = torch.tensor([[tok.pad_token_id] * (width - len(e)) + e for e in enc])
-        mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc])
+        ids, mask = left_pad([encode_prompt(tok, ex.prompt) for ex in batch], tok.pad_token_id)
+        width = ids.shape[1]
         with torch.no_grad():
             out = model.generate(ids, attention_mask=mask, generation_config=cfg, tokenizer=tok)
         for ex, row in zip(batch, out[:, width:].tolist()):

@@ -171,7 +171,7 @@ def grounded_correct_steps(prompt: str, completion: str) -> int:
     known = set(all_ints(prompt))
     counted: set[tuple[int, str, int]] = set()
     for a, op, b, c in written_equations(completion):
-        if a in known and b in known and _apply(a, op, b) == c:
+        if a in known and b in known and equation_is_right((a, op, b, c)):
             counted.add((a, op, b))
             known.add(c)
     return len(counted)
