@@ -100,6 +100,10 @@ class SFTConfig(TrainConfig):
     full_mask_prob: float = 0.0  # extra, not LLaDA: fraction of rows with the whole answer masked (p = 1)
     t_min: float = 0.0  # extra, not LLaDA: t ~ U(t_min, 1)
     prefix_prob: float = 0.0  # extra, not LLaDA: fraction of rows whose answer is revealed up to a random cut
+    # extra, not LLaDA: fraction of rows (of those with results) where only the number runs after a
+    # trigger token are masked: the step results and final answer of a worked solution
+    result_mask_prob: float = 0.0
+    result_triggers: list[str] = field(default_factory=lambda: ["=", "#"])
 
 
 @dataclass
@@ -290,7 +294,7 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.data.suite_options and (err := suite_options_error(cfg.data)):
         bad(err)
     if isinstance(cfg, SFTConfig):
-        for key in ("full_mask_prob", "t_min", "prefix_prob"):
+        for key in ("full_mask_prob", "t_min", "prefix_prob", "result_mask_prob"):
             if not 0 <= getattr(cfg, key) <= 1:
                 bad(f"{key}={getattr(cfg, key)} must be in [0, 1]")
     if isinstance(cfg, DistillConfig):

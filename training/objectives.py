@@ -30,6 +30,8 @@ def sft_noise(
     full_mask_prob: float = 0.0,
     t_min: float = 0.0,
     prefix_prob: float = 0.0,
+    result_mask_prob: float = 0.0,
+    result_slots: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(noisy ids, masked [b,l] bool, p_mask [b,l]): answer tokens masked i.i.d. with a per-row p.
 
@@ -45,6 +47,11 @@ def sft_noise(
     state (``benchmarks/gsm_step_probe.py`` on the step-14000 ``tiny``: with the reference solution
     given up to the ``=``, step 1, operands from the prompt, right 85%; step 2, operands from the
     answer, 12%).
+
+    A fourth, ``result_mask_prob`` (default 0): in that fraction of the rows that have any
+    ``result_slots`` ([b, l] bool, from ``result_slots``), exactly those slots are masked (p = 1) and
+    the rest of the answer is shown. For a worked solution these are the results of its steps, so
+    every step is trained with its operands visible, including operands that are earlier results.
     """
     b, l = input_ids.shape
     t = _rand((b,), generator, input_ids.device)
@@ -57,6 +64,11 @@ def sft_noise(
     masked = (_rand((b, l), generator, input_ids.device) < p_mask) & answer_mask
     if prefix_prob > 0:  # drawn only when enabled (same reason as above)
         masked = masked & ~_revealed_prefix(answer_mask, prefix_prob, generator)
+    if result_mask_prob > 0 and result_slots is not None:  # drawn only when enabled
+        slots = result_slots & answer_mask
+        chosen = (_rand((b,), generator, input_ids.device) < result_mask_prob) & slots.any(dim=1)
+        masked = torch.where(chosen[:, None], slots, masked)
+        p_mask = torch.where(chosen[:, None], torch.ones_like(p_mask), p_mask)
     noisy = torch.where(masked, torch.full_like(input_ids, mask_id), input_ids)
     return noisy, masked, p_mask
 
@@ -70,6 +82,22 @@ def _revealed_prefix(answer_mask: torch.Tensor, prefix_prob: float,
     cut = (_rand((b,), generator, answer_mask.device) * n_answer).floor().long()
     rank = answer_mask.long().cumsum(dim=1) - 1  # 0-based index of each answer slot within its row
     return answer_mask & chosen[:, None] & (rank < cut[:, None])
+
+
+def result_slots(input_ids: torch.Tensor, trigger_ids: torch.Tensor, number_ids: torch.Tensor) -> torch.Tensor:
+    """[b, l] True on each run of number tokens that directly follows a trigger token.
+
+    With triggers ``=`` and ``#`` these are the step results and the final answer of a worked
+    solution (``9 * 14 = 126 . 126 + 36 = 162 . #### 162``), never its operands.
+    """
+    is_trigger = torch.isin(input_ids, trigger_ids)
+    is_number = torch.isin(input_ids, number_ids)
+    out = torch.zeros_like(is_number)
+    inside = torch.zeros_like(is_number[:, 0])
+    for j in range(1, input_ids.shape[1]):  # answers are short; a loop is clearer than a scan
+        inside = is_number[:, j] & (inside | is_trigger[:, j - 1])
+        out[:, j] = inside
+    return out
 
 
 def sft_loss(

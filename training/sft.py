@@ -10,7 +10,23 @@ from .config import SFTConfig, to_dict
 from .data import Batch
 from .engine import Trainer
 from .models import export_model, generation_defaults, init_model, load_tokenizer_for
-from .objectives import sft_loss, sft_noise
+from .objectives import result_slots, sft_loss, sft_noise
+
+
+def result_token_ids(tokenizer, triggers: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ids of the vocabulary's trigger tokens (text, word-start marker removed, in ``triggers``) and
+    of its number tokens (digits and the empty-digit pad); ValueError when either set is empty."""
+    trig, num = [], []
+    for text, i in tokenizer.get_vocab().items():
+        bare = text.lstrip("\u2581\u0120")  # SentencePiece / byte-level word-start markers
+        if bare in triggers:
+            trig.append(i)
+        elif bare and all(c in "0123456789\u2205" for c in bare):
+            num.append(i)
+    if not trig or not num:
+        raise ValueError(f"result_mask_prob: the tokenizer has no {'trigger' if not trig else 'number'} tokens "
+                         f"(result_triggers={triggers})")
+    return torch.tensor(sorted(trig)), torch.tensor(sorted(num))
 
 
 class SFTTrainer(Trainer):
@@ -38,10 +54,21 @@ class SFTTrainer(Trainer):
     def eval_block_size(self) -> int | None:
         return self.block_size()
 
+    def _result_token_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(trigger ids, number ids) of the tokenizer, for ``result_mask_prob``."""
+        if getattr(self, "_result_ids", None) is None:
+            self._result_ids = result_token_ids(self.tokenizer, self.cfg.result_triggers)
+        return self._result_ids
+
     def compute_loss(self, model, batch: Batch, generator: torch.Generator) -> torch.Tensor:
+        slots = None
+        if self.cfg.result_mask_prob > 0:
+            triggers, numbers = self._result_token_ids()
+            slots = result_slots(batch.input_ids, triggers.to(batch.input_ids.device),
+                                 numbers.to(batch.input_ids.device))
         noisy, masked, p_mask = sft_noise(batch.input_ids, batch.answer_mask, self.mask_id(), generator,
                                           self.cfg.mask_eps, self.cfg.full_mask_prob, self.cfg.t_min,
-                                          self.cfg.prefix_prob)
+                                          self.cfg.prefix_prob, self.cfg.result_mask_prob, slots)
         p = batch.prompt_length
         logits = model(noisy, attention_mask=batch.attention_mask, prompt_length=p,
                        logits_range=(p, noisy.shape[1])).logits

@@ -12,6 +12,7 @@ from training.objectives import (
     d2f_noise,
     distill_loss,
     monotonic_block_pmasks,
+    result_slots,
     sft_loss,
     sft_noise,
 )
@@ -180,3 +181,43 @@ def test_sft_noise_prefix_prob_is_a_row_fraction_and_zero_is_the_default_stream(
         partial += int((masked[:, 3:].sum(1) < 4).sum())
     # revealed rows with a cut > 0 (3 of 4 cuts) are the only partially masked rows: 0.5 * 3/4 of 800
     assert 230 < partial < 370
+
+
+# token ids of a made-up vocabulary: 40-49 digits, 50 the empty digit, 60 "=", 61 "#", 62 "+", 63 "."
+_NUM = torch.tensor(list(range(40, 51)))
+_TRIG = torch.tensor([60, 61])
+
+
+def _worked_solution_batch():
+    # "4 + 5 = 9 . 9 + 12 = 21 . # 21" and a row with no result (a lists-style answer)
+    a = [44, 62, 45, 60, 49, 63, 49, 62, 41, 42, 60, 42, 41, 63, 61, 42, 41]
+    return collate([([10, 11], a + [EOS]), ([12, 13], [20, 21, 22, EOS])], gen_length=20, pad_id=PAD, eos_id=EOS)
+
+
+def test_result_slots_are_the_numbers_after_a_trigger_only():
+    b = _worked_solution_batch()
+    slots = result_slots(b.input_ids, _TRIG, _NUM)
+    row = b.input_ids[0][slots[0]].tolist()
+    assert row == [49, 42, 41, 42, 41]  # 9, 21 and the final 21; never the operands 4, 5, 9, 12
+    assert not slots[1].any()
+
+
+def test_sft_noise_result_mask_masks_exactly_the_results_in_chosen_rows():
+    b = _worked_solution_batch()
+    slots = result_slots(b.input_ids, _TRIG, _NUM)
+    g = torch.Generator().manual_seed(0)
+    exact = 0
+    for _ in range(200):
+        noisy, masked, p_mask = sft_noise(b.input_ids, b.answer_mask, MASK, g, t_min=0.5,
+                                          result_mask_prob=0.5, result_slots=slots)
+        assert not (masked & ~b.answer_mask).any()
+        if torch.equal(masked[0], slots[0]):
+            exact += 1
+            assert (p_mask[0] == 1).all()
+            assert (noisy[0][~slots[0]] == b.input_ids[0][~slots[0]]).all()
+        assert masked[1].any()  # a row without results keeps the ordinary i.i.d. masks
+    assert 70 < exact < 130  # about half of the rows that have results
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    plain = sft_noise(b.input_ids, b.answer_mask, MASK, g1, t_min=0.5)
+    off = sft_noise(b.input_ids, b.answer_mask, MASK, g2, t_min=0.5, result_mask_prob=0.0, result_slots=slots)
+    assert all(torch.equal(x, y) for x, y in zip(plain, off))

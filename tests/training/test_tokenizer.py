@@ -117,3 +117,17 @@ def test_recipes_can_build_a_padded_tokenizer():
     padded = load_tokenizer_for(ModelSection(pad_numbers=4))
     assert plain.tokenize("45") == ["▁4", "5"] and padded.tokenize("45") == ["▁∅", "∅", "4", "5"]
     assert len(padded) == len(plain) + 2
+
+
+def test_result_mask_finds_the_gsm_results_with_the_bundled_tokenizer(tokenizer):
+    import torch
+
+    from training.objectives import result_slots
+    from training.sft import result_token_ids
+
+    triggers, numbers = result_token_ids(tokenizer, ["=", "#"])
+    ids = torch.tensor([tokenizer.encode("9 * 14 = 126 . 126 + 36 = 162 . #### 162", add_special_tokens=False)])
+    slots = result_slots(ids, triggers, numbers)
+    assert tokenizer.decode(ids[0][slots[0]].tolist()).split() == ["126", "162", "162"]
+    with pytest.raises(ValueError, match="no trigger tokens"):
+        result_token_ids(tokenizer, ["no-such-token"])
