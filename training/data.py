@@ -69,10 +69,10 @@ def collate(pairs: list[tuple[list[int], list[int]]], gen_length: int, pad_id: i
 def suite_texts(n_per_split: int = 1000, seed: int = 0) -> list[str]:
     """Prompts and answers of up to ``n_per_split`` train and test examples of every suite
     (the tokenizer's vocabulary); a split smaller than that contributes all it has."""
-    from eval.tasks import get_suite, suite_names, training_suite_names
+    from eval.tasks import get_suite, suite_names
 
     texts = []
-    for name in suite_names() + training_suite_names():
+    for name in suite_names():
         suite = get_suite(name)
         for split in ("train", "test"):
             n = n_per_split

@@ -11,7 +11,6 @@ import inspect
 
 from .arith import ArithSuite
 from .base import Example, Score, TaskSuite, count_tokens, split_of_key
-from .chain import ChainSuite
 from .countdown import CountdownSuite
 from .gsm import GsmSuite
 from .lists import ListsSuite
@@ -24,34 +23,20 @@ _SUITES: dict[str, type[TaskSuite]] = {
     "sudoku": SudokuSuite,
     "countdown": CountdownSuite,
 }
-# Suites for training data only: selectable by name (``data.tasks``, ``--suites``) but not part of
-# ``"all"``, the evaluation set every table in the docs reports.
-_TRAINING_SUITES: dict[str, type[TaskSuite]] = {
-    "chain": ChainSuite,
-}
 
 
 def suite_names() -> list[str]:
-    """Names of the evaluation suites (``"all"``), in a fixed order."""
+    """Names of all registered suites, in a fixed order."""
     return list(_SUITES)
-
-
-def training_suite_names() -> list[str]:
-    """Names of the suites that only feed training data (not in ``"all"``)."""
-    return list(_TRAINING_SUITES)
-
-
-def _valid_names() -> str:
-    return ", ".join([*_SUITES, *_TRAINING_SUITES])
 
 
 def get_suite(name: str, **options) -> TaskSuite:
     """A fresh suite instance by name, with its constructor's ``options`` (e.g. ``ops`` for lists);
     ValueError listing the valid names (or naming the bad option) otherwise."""
     try:
-        cls = {**_SUITES, **_TRAINING_SUITES}[name.strip()]
+        cls = _SUITES[name.strip()]
     except (KeyError, AttributeError):
-        raise ValueError(f"unknown suite {name!r}; valid suites: {_valid_names()}") from None
+        raise ValueError(f"unknown suite {name!r}; valid suites: {', '.join(_SUITES)}") from None
     if options:
         takes = [k for k in inspect.signature(cls).parameters if k != "self"]
         extra = sorted(set(options) - set(takes))
@@ -66,12 +51,11 @@ def resolve_suites(spec: str) -> list[TaskSuite]:
         return [cls() for cls in _SUITES.values()]
     names = [s.strip() for s in spec.split(",") if s.strip()]
     if not names:
-        raise ValueError(f"empty suite spec {spec!r}; use 'all' or a comma list of: {_valid_names()}")
+        raise ValueError(f"empty suite spec {spec!r}; use 'all' or a comma list of: {', '.join(_SUITES)}")
     return [get_suite(n) for n in dict.fromkeys(names)]
 
 
 __all__ = [
-    "ArithSuite", "ChainSuite", "CountdownSuite", "Example", "GsmSuite", "ListsSuite", "Score", "SudokuSuite",
+    "ArithSuite", "CountdownSuite", "Example", "GsmSuite", "ListsSuite", "Score", "SudokuSuite",
     "TaskSuite", "count_tokens", "get_suite", "resolve_suites", "split_of_key", "suite_names",
-    "training_suite_names",
 ]
