@@ -31,6 +31,9 @@ def _run(kind: str, config: Path | None, overrides: list[str] | None, resume: bo
         from .distill import DistillTrainer as trainer_cls
     try:
         result = trainer_cls(cfg).run()
+    except ConfigError as err:  # a setting only checkable against the loaded model/tokenizer
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
     except TrainingDiverged as err:
         typer.echo(f"error: training diverged: {err}", err=True)
         raise typer.Exit(1) from None

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from .config import SFTConfig, to_dict
+from .config import ConfigError, SFTConfig, to_dict
 from .data import Batch
 from .engine import Trainer
 from .models import export_model, generation_defaults, init_model, load_tokenizer_for
@@ -15,7 +15,7 @@ from .objectives import result_slots, sft_loss, sft_noise
 
 def result_token_ids(tokenizer, triggers: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """Ids of the vocabulary's trigger tokens (text, word-start marker removed, in ``triggers``) and
-    of its number tokens (digits and the empty-digit pad); ValueError when either set is empty."""
+    of its number tokens (digits and the empty-digit pad); ConfigError when either set is empty."""
     trig, num = [], []
     for text, i in tokenizer.get_vocab().items():
         bare = text.lstrip("\u2581\u0120")  # SentencePiece / byte-level word-start markers
@@ -24,7 +24,7 @@ def result_token_ids(tokenizer, triggers: list[str]) -> tuple[torch.Tensor, torc
         elif bare and all(c in "0123456789\u2205" for c in bare):
             num.append(i)
     if not trig or not num:
-        raise ValueError(f"result_mask_prob: the tokenizer has no {'trigger' if not trig else 'number'} tokens "
+        raise ConfigError(f"result_mask_prob: the tokenizer has no {'trigger' if not trig else 'number'} tokens "
                          f"(result_triggers={triggers})")
     return torch.tensor(sorted(trig)), torch.tensor(sorted(num))
 
@@ -43,6 +43,9 @@ class SFTTrainer(Trainer):
     def setup_models(self) -> None:
         self.tokenizer = load_tokenizer_for(self.cfg.model)
         self.model = init_model(self.cfg.model, self.tokenizer)
+        self._result_ids = None
+        if self.cfg.result_mask_prob > 0:  # fail before training, not at the first step
+            self._result_ids = result_token_ids(self.tokenizer, self.cfg.result_triggers)
 
     def block_size(self) -> int | None:
         spec = self.model.spec
@@ -54,16 +57,10 @@ class SFTTrainer(Trainer):
     def eval_block_size(self) -> int | None:
         return self.block_size()
 
-    def _result_token_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(trigger ids, number ids) of the tokenizer, for ``result_mask_prob``."""
-        if getattr(self, "_result_ids", None) is None:
-            self._result_ids = result_token_ids(self.tokenizer, self.cfg.result_triggers)
-        return self._result_ids
-
     def compute_loss(self, model, batch: Batch, generator: torch.Generator) -> torch.Tensor:
         slots = None
         if self.cfg.result_mask_prob > 0:
-            triggers, numbers = self._result_token_ids()
+            triggers, numbers = self._result_ids
             slots = result_slots(batch.input_ids, triggers.to(batch.input_ids.device),
                                  numbers.to(batch.input_ids.device))
         noisy, masked, p_mask = sft_noise(batch.input_ids, batch.answer_mask, self.mask_id(), generator,

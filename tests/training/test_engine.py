@@ -158,3 +158,18 @@ def test_resume_with_a_new_lr_and_schedule_uses_them(tmp_path):
     assert SFTTrainer(flat).run().step == 7
     rows = {int(r["step"]): float(r["lr"]) for r in csv.DictReader((tmp_path / "run" / "metrics.csv").open())}
     assert abs(rows[6] - 2e-4) < 1e-12 and abs(rows[7] - 2e-4) < 1e-12
+
+
+def test_result_mask_run_and_a_bad_trigger_is_a_clean_cli_error(tmp_path):
+    from typer.testing import CliRunner
+
+    from training.cli import train_app
+
+    over = micro_overrides(tmp_path / "run", max_steps=3, **{"data.tasks": "{gsm: 1}", "data.max_new_tokens": 64,
+                                                             "result_mask_prob": 1.0})
+    result = SFTTrainer(load_config(SFTConfig, None, over)).run()
+    assert result.status == "finished" and result.step == 3
+    bad = micro_overrides(tmp_path / "bad", result_mask_prob=0.5, result_triggers="[no-such-token]")
+    res = CliRunner().invoke(train_app, ["sft", *bad])
+    assert res.exit_code == 2 and "no trigger tokens" in res.output, res.output
+    assert not (tmp_path / "bad" / "final").exists()

@@ -129,5 +129,5 @@ def test_result_mask_finds_the_gsm_results_with_the_bundled_tokenizer(tokenizer)
     ids = torch.tensor([tokenizer.encode("9 * 14 = 126 . 126 + 36 = 162 . #### 162", add_special_tokens=False)])
     slots = result_slots(ids, triggers, numbers)
     assert tokenizer.decode(ids[0][slots[0]].tolist()).split() == ["126", "162", "162"]
-    with pytest.raises(ValueError, match="no trigger tokens"):
+    with pytest.raises(ValueError, match="no trigger tokens"):  # a ConfigError
         result_token_ids(tokenizer, ["no-such-token"])
