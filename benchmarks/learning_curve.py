@@ -4,9 +4,11 @@
 
 Each phase's run wrote `eval.csv` (greedy accuracy on 32 test problems per suite every 500-1000
 steps; the folders under `recipes/resume/`). Phases 1-6 were resumed from checkpoints, so their
-steps are already global; phases 7-8 started from exported weights and count from 0, so they are
-shifted by the steps before them. n=32 is a noisy sample (one problem is 3 points): read the trend,
-and the model card's n=200 tables for the level.
+steps are already global; phases 7-9 started from exported weights and count from 0, so they are
+shifted by the SFT steps before them. Between phases 8 and 9 lie 405 steps of accuracy GRPO, which
+are not SFT steps and not on the axis (the dashed line at step 32500 marks both the GRPO stage and
+the re-warmed lr). n=32 is a noisy sample (one problem is 3 points): read the trend, and the model
+card's n=200 tables for the level.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ PHASES: tuple[tuple[str, int], ...] = (
     ("tiny-sft-s8", 0),
     ("tiny-sft-s10/phase-7", 28000),
     ("tiny-sft-s10/phase-8", 31000),
+    # phase 9 (result-masked SFT after the GRPO stage): two runs, 3000 then 5000 steps
+    ("tiny-sft-res-s13/eval-1.csv", 32500),
+    ("tiny-sft-res-s13/eval-2.csv", 35500),
 )
 # the issue's vanilla-decoding bars per suite (lists and arith name only some categories, so they
 # are drawn for orientation)
@@ -37,7 +42,9 @@ def stitch(phases=PHASES, root: Path = RESUME) -> list[dict[str, float]]:
     rows: list[dict[str, float]] = []
     last = -1.0
     for folder, offset in phases:
-        path = root / folder / "eval.csv"
+        path = root / folder
+        if path.suffix != ".csv":  # a run folder holds its curve as eval.csv
+            path = path / "eval.csv"
         if not path.is_file():
             raise FileNotFoundError(f"{path}: a phase of the curve is missing")
         with path.open() as f:
@@ -68,7 +75,7 @@ def plot(rows: list[dict[str, float]], out: Path) -> None:
             ax.axvline(offset, color="grey", linewidth=0.8, linestyle="--")
     ax.set_xlabel("optimizer step (64 examples each)")
     ax.set_ylabel("greedy accuracy, 32 test problems per suite (%)")
-    ax.set_title("bundled tiny: held-out accuracy per suite; dotted: the issue's bars; dashed: lr re-warmed")
+    ax.set_title("bundled tiny: held-out accuracy per suite; dotted: the issue's bars; dashed: lr re-warmed (32500: after GRPO)")
     ax.set_ylim(0, 102)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
