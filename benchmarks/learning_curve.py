@@ -4,7 +4,7 @@
 
 Each phase's run wrote `eval.csv` (greedy accuracy on 32 test problems per suite every 500-1000
 steps; the folders under `recipes/resume/`). Phases 1-6 were resumed from checkpoints, so their
-steps are already global; phases 7-9 started from exported weights and count from 0, so they are
+steps are already global; phases 7-11 started from exported weights and count from 0, so they are
 shifted by the SFT steps before them. Between phases 8 and 9 lie 405 steps of accuracy GRPO, which
 are not SFT steps and not on the axis (the dashed line at step 32500 marks both the GRPO stage and
 the re-warmed lr). n=32 is a noisy sample (one problem is 3 points): read the trend, and the model
@@ -30,6 +30,11 @@ PHASES: tuple[tuple[str, int], ...] = (
     # phase 9 (result-masked SFT after the GRPO stage): two runs, 3000 then 5000 steps
     ("tiny-sft-res-s13/eval-1.csv", 32500),
     ("tiny-sft-res-s13/eval-2.csv", 35500),
+    # phase 10: 5000 result-masked steps at result_mask_prob 0.8 (session 14)
+    ("tiny-sft-res-s14", 40500),
+    # phase 11: two list-weighted runs of 2000 steps (session 15)
+    ("tiny-sft-lists-s15", 45500),
+    ("tiny-sft-lists2-s15", 47500),
 )
 # the vanilla-decoding bars per suite (lists and arith name only some categories, so they
 # are drawn for orientation)

@@ -8,8 +8,9 @@ def test_the_committed_phases_stitch_in_order(load_benchmark):
     rows = lc.stitch()
     steps = [r["step"] for r in rows]
     assert steps == sorted(steps) and len(set(steps)) == len(steps)
-    assert steps[0] == 1000 and steps[-1] == 40500  # phases 7-9 shifted behind step 28000
+    assert steps[0] == 1000 and steps[-1] == 49500  # phases 7-11 shifted behind step 28000
     assert 28500 in steps and 31500 in steps and 33500 in steps and 36500 in steps
+    assert 41500 in steps and 46000 in steps and 48000 in steps
     assert all(set(lc.SUITES) <= set(r) for r in rows)
     assert all(0.0 <= r[s] <= 100.0 for r in rows for s in lc.SUITES)
 
@@ -34,4 +35,4 @@ def test_main_writes_the_plot(run_benchmark, tmp_path):
     out = tmp_path / "curve.png"
     rows = run_benchmark("learning_curve", ["--out", str(out)])
     assert out.is_file() and out.stat().st_size > 10_000
-    assert rows[-1]["step"] == 40500
+    assert rows[-1]["step"] == 49500
