@@ -28,6 +28,7 @@ from accelerate.utils import DistributedType
 from .checkpointing import latest_checkpoint, list_checkpoints, save_checkpoint
 from .config import TrainConfig, to_dict
 from .data import Batch, TaskStream
+from .precision import slow_precision_warning
 from .run_log import RunLogger
 
 
@@ -218,6 +219,8 @@ class Trainer:
             log.message(f"resumed from {existing} (step {state.step})")
         n_params = sum(p.numel() for p in accelerator.unwrap_model(model).parameters())
         n_train = sum(p.numel() for p in accelerator.unwrap_model(model).parameters() if p.requires_grad)
+        if (slow := slow_precision_warning(cfg.mixed_precision, accelerator.device)) is not None:
+            log.message(slow)
         log.message(f"{self.name}: {n_params / 1e6:.2f}M parameters ({n_train / 1e6:.2f}M trainable), "
                     f"{cfg.max_steps} steps x {cfg.batch_size * cfg.grad_accum * accelerator.num_processes} examples")
 

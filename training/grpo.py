@@ -65,6 +65,7 @@ from .rl_objectives import (
     view_logprobs,
 )
 from .rollouts import PromptStream, Rollouts, evaluate_decoding, generate_rollouts
+from .precision import slow_precision_warning
 from .run_log import RunLogger
 
 # decoders whose every forward sees exactly "prompt + tokens committed so far + masks" (cache="none"),
@@ -559,6 +560,8 @@ class GRPOTrainer(Trainer):
             log.message(f"resume requested but {run_dir} has no checkpoint; starting from step 0")
         elif cfg.resume:
             log.message(f"resumed from {existing} (step {state.step})")
+        if (slow := slow_precision_warning(cfg.mixed_precision, accelerator.device)) is not None:
+            log.message(slow)
         unwrapped = accelerator.unwrap_model(model)
         n_params = sum(p.numel() for p in unwrapped.parameters())
         n_train = sum(p.numel() for p in unwrapped.parameters() if p.requires_grad)

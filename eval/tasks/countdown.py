@@ -71,6 +71,24 @@ def solutions(numbers: tuple[int, ...]) -> dict[int, str]:
     return table
 
 
+@lru_cache(maxsize=4096)
+def all_solutions(numbers: tuple[int, ...]) -> dict[int, tuple[str, ...]]:
+    """target -> every distinct expression of the enumeration in ``solutions`` that reaches it
+    (same rules, same order; the first of each tuple is the canonical answer)."""
+    table: dict[int, list[str]] = {}
+    for a, b, c in dict.fromkeys(itertools.permutations(numbers)):
+        for o1, o2 in itertools.product(OPS, repeat=2):
+            v1 = _apply(a, o1, b)
+            v = None if v1 is None else _apply(v1, o2, c)
+            if v is not None:
+                table.setdefault(v, []).append(_render_left(a, o1, b, o2, c))
+            w1 = _apply(b, o2, c)
+            w = None if w1 is None else _apply(a, o1, w1)
+            if w is not None:
+                table.setdefault(w, []).append(_render_right(a, o1, b, o2, c))
+    return {t: tuple(dict.fromkeys(exprs)) for t, exprs in table.items()}
+
+
 def extract_expression(completion: str) -> str:
     """First non-empty line, cut at ``=`` (drops ``= target``), then its longest prefix made
     only of digits, operators, parentheses and spaces (so trailing junk words are ignored)."""
@@ -79,12 +97,27 @@ def extract_expression(completion: str) -> str:
     return _EXPR_PREFIX_RE.match(line).group().strip()
 
 
+ANSWER_MODES = ("canonical", "any")
+
+
 class CountdownSuite(TaskSuite):
-    """3-number Countdown with targets in [1, 100]."""
+    """3-number Countdown with targets in [1, 100].
+
+    ``answers="canonical"`` (default; what every evaluation uses) gives the first solution of the
+    fixed enumeration as the reference answer. ``answers="any"`` (a training option,
+    ``data.suite_options.countdown.answers``) draws the reference uniformly from all distinct
+    solving expressions instead: the scorer accepts any of them, and the canonical one asks a
+    model to know that every earlier expression of the enumeration misses the target.
+    """
 
     name = "countdown"
     max_prompt_tokens = 12  # "numbers" + 6 digits + "target" + 3 digits + ":"
     max_answer_tokens = 10  # 6 digits + 2 operators + 2 parentheses
+
+    def __init__(self, answers: str = "canonical") -> None:
+        if answers not in ANSWER_MODES:
+            raise ValueError(f"unknown answers mode {answers!r}; valid: {', '.join(ANSWER_MODES)}")
+        self.answers = answers
 
     def _draw(self, rng: random.Random) -> Problem:
         while True:
@@ -95,6 +128,8 @@ class CountdownSuite(TaskSuite):
                 break
         target = rng.choice(targets)
         answer = table[target]
+        if self.answers == "any":
+            answer = rng.choice(all_solutions(tuple(sorted(numbers)))[target])
         key = " ".join(map(str, sorted(numbers))) + f"={target}"
         prompt = f"numbers {' '.join(map(str, numbers))} target {target} :"
         return Problem(key, prompt, answer, {"numbers": numbers, "target": target})

@@ -217,6 +217,24 @@ def test_countdown_generated_answers():
         assert suite.score(e, f"{e.answer} = {target}").correct
 
 
+def test_countdown_any_answers_draws_among_all_solutions():
+    from eval.tasks.countdown import all_solutions
+
+    canonical, anyans = get_suite("countdown"), get_suite("countdown", answers="any")
+    exs = anyans.examples("train", 400)
+    non_canonical = 0
+    for e in exs:
+        nums, target = e.meta["numbers"], e.meta["target"]
+        sols = all_solutions(tuple(sorted(nums)))[target]
+        assert sols[0] == solutions(tuple(sorted(nums)))[target] and len(set(sols)) == len(sols)
+        assert e.answer in sols and canonical.score(e, e.answer).correct
+        non_canonical += e.answer != sols[0]
+    assert non_canonical > 100  # most problems have several solving expressions
+    assert [e.answer for e in exs[:20]] == [e.answer for e in anyans.examples("train", 20)]  # deterministic
+    with pytest.raises(ValueError, match="valid: canonical, any"):
+        get_suite("countdown", answers="random")
+
+
 def test_countdown_rewards():
     suite = get_suite("countdown")
     e = Example("x", "countdown", "numbers 3 5 7 target 22 :", "3 * 5 + 7", {"numbers": [3, 5, 7], "target": 22})
