@@ -97,7 +97,7 @@ def extract_expression(completion: str) -> str:
     return _EXPR_PREFIX_RE.match(line).group().strip()
 
 
-ANSWER_MODES = ("canonical", "any")
+ANSWER_MODES = ("canonical", "any", "prompt_order")
 
 
 class CountdownSuite(TaskSuite):
@@ -108,6 +108,9 @@ class CountdownSuite(TaskSuite):
     ``data.suite_options.countdown.answers``) draws the reference uniformly from all distinct
     solving expressions instead: the scorer accepts any of them, and the canonical one asks a
     model to know that every earlier expression of the enumeration misses the target.
+    ``answers="prompt_order"`` (also for training) runs the same enumeration over the numbers in
+    the order the prompt shows them, so the reference is a function of the prompt as written
+    rather than of the sorted numbers.
     """
 
     name = "countdown"
@@ -130,6 +133,8 @@ class CountdownSuite(TaskSuite):
         answer = table[target]
         if self.answers == "any":
             answer = rng.choice(all_solutions(tuple(sorted(numbers)))[target])
+        elif self.answers == "prompt_order":
+            answer = solutions(tuple(numbers))[target]
         key = " ".join(map(str, sorted(numbers))) + f"={target}"
         prompt = f"numbers {' '.join(map(str, numbers))} target {target} :"
         return Problem(key, prompt, answer, {"numbers": numbers, "target": target})

@@ -231,8 +231,19 @@ def test_countdown_any_answers_draws_among_all_solutions():
         non_canonical += e.answer != sols[0]
     assert non_canonical > 100  # most problems have several solving expressions
     assert [e.answer for e in exs[:20]] == [e.answer for e in anyans.examples("train", 20)]  # deterministic
-    with pytest.raises(ValueError, match="valid: canonical, any"):
+    with pytest.raises(ValueError, match="valid: canonical, any, prompt_order"):
         get_suite("countdown", answers="random")
+
+
+def test_countdown_prompt_order_answers_follow_the_prompt():
+    canonical, ordered = get_suite("countdown"), get_suite("countdown", answers="prompt_order")
+    exs = ordered.examples("train", 300)
+    # the same draws as the canonical suite (no extra randomness), only the reference differs
+    assert [e.meta["key"] for e in exs] == [e.meta["key"] for e in canonical.examples("train", 300)]
+    for e in exs:
+        nums = e.meta["numbers"]
+        assert e.answer == solutions(tuple(nums))[e.meta["target"]] and canonical.score(e, e.answer).correct
+    assert sum(e.answer != solutions(tuple(sorted(e.meta["numbers"])))[e.meta["target"]] for e in exs) > 50
 
 
 def test_countdown_rewards():
