@@ -44,6 +44,7 @@ from .config import (
 )
 from .engine import LRSchedule, RunDirInUse, RunResult, Trainer, _StopFlag
 from .models import export_model, generation_defaults, init_model, load_tokenizer_for
+from .precision import slow_precision_warning
 from .rl_objectives import (
     ACC_NORMS,
     ADV_NORMS,
@@ -65,7 +66,6 @@ from .rl_objectives import (
     view_logprobs,
 )
 from .rollouts import PromptStream, Rollouts, evaluate_decoding, generate_rollouts
-from .precision import slow_precision_warning
 from .run_log import RunLogger
 
 # decoders whose every forward sees exactly "prompt + tokens committed so far + masks" (cache="none"),

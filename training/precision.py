@@ -1,8 +1,9 @@
 """Whether the chosen mixed precision will be fast on the device a run lands on.
 
 bf16 autocast on a CPU without native bf16 arithmetic (AVX512-BF16 or AMX on x86) is emulated by
-PyTorch and runs several times slower than fp32: measured here on an AVX2-only EPYC, a forward and
-backward of the bundled 1.3M model took 2.4 s in bf16 against 0.22 s in fp32. The recipes ask for
+PyTorch and runs several times slower than fp32: on an AVX2-only EPYC, one SFT micro-batch of the
+bundled 1.3M model took 3.6 s in bf16 against 0.40 s in fp32 (`benchmarks/attention_backward.py`,
+docs/training.md). The recipes ask for
 bf16 because the machines they were tuned on had AVX512-BF16, so a run on another CPU should say so.
 """
 

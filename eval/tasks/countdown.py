@@ -51,30 +51,12 @@ def _render_right(a: int, o1: str, b: int, o2: str, c: int) -> str:
 
 
 @lru_cache(maxsize=4096)
-def solutions(numbers: tuple[int, ...]) -> dict[int, str]:
-    """target -> canonical (first) expression, for a sorted tuple of 3 numbers.
+def all_solutions(numbers: tuple[int, ...]) -> dict[int, tuple[str, ...]]:
+    """target -> every distinct expression over the numbers that reaches it, in enumeration order.
 
-    Order: permutations of the sorted numbers, then shape ``(a o b) o c`` before ``a o (b o c)``,
+    Order: permutations of ``numbers`` as given, then shape ``(a o b) o c`` before ``a o (b o c)``,
     then operators in the order ``+ - * /``.
     """
-    table: dict[int, str] = {}
-    for a, b, c in dict.fromkeys(itertools.permutations(numbers)):
-        for o1, o2 in itertools.product(OPS, repeat=2):
-            v1 = _apply(a, o1, b)
-            v = None if v1 is None else _apply(v1, o2, c)
-            if v is not None and v not in table:
-                table[v] = _render_left(a, o1, b, o2, c)
-            w1 = _apply(b, o2, c)
-            w = None if w1 is None else _apply(a, o1, w1)
-            if w is not None and w not in table:
-                table[w] = _render_right(a, o1, b, o2, c)
-    return table
-
-
-@lru_cache(maxsize=4096)
-def all_solutions(numbers: tuple[int, ...]) -> dict[int, tuple[str, ...]]:
-    """target -> every distinct expression of the enumeration in ``solutions`` that reaches it
-    (same rules, same order; the first of each tuple is the canonical answer)."""
     table: dict[int, list[str]] = {}
     for a, b, c in dict.fromkeys(itertools.permutations(numbers)):
         for o1, o2 in itertools.product(OPS, repeat=2):
@@ -87,6 +69,12 @@ def all_solutions(numbers: tuple[int, ...]) -> dict[int, tuple[str, ...]]:
             if w is not None:
                 table.setdefault(w, []).append(_render_right(a, o1, b, o2, c))
     return {t: tuple(dict.fromkeys(exprs)) for t, exprs in table.items()}
+
+
+@lru_cache(maxsize=4096)
+def solutions(numbers: tuple[int, ...]) -> dict[int, str]:
+    """target -> canonical (first) expression; the suite passes the numbers sorted."""
+    return {t: exprs[0] for t, exprs in all_solutions(numbers).items()}
 
 
 def extract_expression(completion: str) -> str:

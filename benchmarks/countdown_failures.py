@@ -1,0 +1,109 @@
+"""Why countdown answers fail: by the shape of the reference expression and by the kind of error.
+
+Each greedy completion of the first ``--n`` countdown test problems is scored with the suite's own
+scorer and counted under the shape of the canonical reference (numbers replaced by ``n``, e.g.
+``n * ( n - n )``). A wrong answer is ``wrong value`` (a readable expression over exactly the given
+numbers that misses the target), ``wrong numbers`` (readable, but not the given multiset, or an
+inexact division) or ``unreadable``. Right answers are split into the canonical reference and other
+valid expressions, which shows whether a model searches or recalls the canonical form.
+
+    python benchmarks/countdown_failures.py --model tiny --strategy vanilla --n 600
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+KINDS = ("correct", "wrong value", "wrong numbers", "unreadable")
+
+
+def shape(expression: str) -> str:
+    return re.sub(r"\d+", "n", expression)
+
+
+def classify(score) -> str:
+    """One of KINDS for a countdown ``Score``."""
+    if score.correct:
+        return "correct"
+    if score.reward == 0.0:
+        return "unreadable"
+    d = score.details
+    return "wrong value" if d.get("uses_numbers") and "error" not in d else "wrong numbers"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--strategy", default=None, help="decoding strategy (default: the model's own)")
+    ap.add_argument("--n", type=int, default=600, help="countdown test problems")
+    ap.add_argument("--batch-size", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    args = ap.parse_args(argv)
+    if args.n < 1 or args.batch_size < 1:
+        raise SystemExit("--n and --batch-size must be at least 1")
+    torch.set_num_threads(args.threads)
+
+    from transformers.utils import logging as hf_logging
+
+    from decoding import STRATEGIES
+    from dllm.loading import load_model, resolve_model_path
+    from dllm.text import left_pad
+    from dllm.tokenization import load_tokenizer
+    from eval.tasks import get_suite
+    from training.rollouts import encode_prompt
+
+    if args.strategy is not None and args.strategy not in STRATEGIES:
+        raise SystemExit(f"unknown strategy {args.strategy!r}; valid: {', '.join(sorted(STRATEGIES))}")
+    hf_logging.disable_progress_bar()
+    tok = load_tokenizer(resolve_model_path(args.model))
+    model = load_model(args.model).eval()
+    cfg = model.diffusion_generation_config.replace(
+        temperature=0.0, mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id)
+    if args.strategy is not None:
+        cfg = cfg.replace(strategy=args.strategy)
+    suite = get_suite("countdown")
+    examples = list(suite.examples("test", args.n))
+    kinds: Counter[str] = Counter()
+    right_form: Counter[str] = Counter()
+    by_shape: dict[str, list[int]] = {}
+    for start in range(0, len(examples), args.batch_size):
+        batch = examples[start:start + args.batch_size]
+        ids, mask = left_pad([encode_prompt(tok, ex.prompt) for ex in batch], tok.pad_token_id)
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=mask, generation_config=cfg, tokenizer=tok)
+        for ex, row in zip(batch, out[:, ids.shape[1]:].tolist()):
+            score = suite.score(ex, tok.decode(row, skip_special_tokens=True))
+            kind = classify(score)
+            kinds[kind] += 1
+            if score.correct:
+                right_form["canonical" if score.details["expression"] == ex.answer else "other"] += 1
+            cell = by_shape.setdefault(shape(ex.answer), [0, 0])
+            cell[0] += score.correct
+            cell[1] += 1
+    shapes = {s: {"correct": c, "n": m} for s, (c, m) in sorted(by_shape.items(), key=lambda kv: -kv[1][1])}
+    print(f"model={args.model} strategy={cfg.strategy} n={len(examples)} torch_threads={torch.get_num_threads()}")
+    for k in KINDS:
+        print(f"  {k:<15}{kinds[k]:>5}")
+    print(f"  right answers: {right_form['canonical']} canonical, {right_form['other']} other valid")
+    for s, v in shapes.items():
+        print(f"  {s:<22}{v['correct']:>4}/{v['n']:<4}{100 * v['correct'] / v['n']:6.1f}%")
+    result = {"model": args.model, "strategy": cfg.strategy, "n": len(examples),
+              "torch_threads": torch.get_num_threads(), "counts": {k: kinds[k] for k in KINDS},
+              "right_answers": {"canonical": right_form["canonical"], "other": right_form["other"]},
+              "by_shape": shapes}
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

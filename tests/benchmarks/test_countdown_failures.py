@@ -1,0 +1,39 @@
+"""benchmarks/countdown_failures.py: wrong countdown answers by reference shape and kind of error."""
+
+import json
+
+import pytest
+
+from eval.tasks import Example, get_suite
+
+
+def _ex():
+    return Example("x", "countdown", "numbers 3 5 7 target 22 :", "3 * 5 + 7", {"numbers": [3, 5, 7], "target": 22})
+
+
+def test_shape_and_classify(load_benchmark):
+    cf = load_benchmark("countdown_failures")
+    suite = get_suite("countdown")
+    assert cf.shape("12 * ( 13 - 6 )") == "n * ( n - n )"
+    assert cf.classify(suite.score(_ex(), "7 + 5 * 3")) == "correct"
+    assert cf.classify(suite.score(_ex(), "3 * 7 + 5")) == "wrong value"
+    assert cf.classify(suite.score(_ex(), "3 * 5 + 5")) == "wrong numbers"
+    assert cf.classify(suite.score(_ex(), "7 / 3 + 5")) == "wrong numbers"  # inexact division
+    assert cf.classify(suite.score(_ex(), "three")) == "unreadable"
+
+
+def test_counts_add_up(run_benchmark, tmp_path):
+    out = tmp_path / "r.json"
+    result = run_benchmark("countdown_failures", ["--n", "6", "--batch-size", "4", "--json", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert sum(result["counts"].values()) == result["n"] == 6
+    assert sum(result["right_answers"].values()) == result["counts"]["correct"]
+    assert sum(v["n"] for v in result["by_shape"].values()) == 6
+    assert sum(v["correct"] for v in result["by_shape"].values()) == result["counts"]["correct"]
+
+
+def test_bad_input_is_a_clear_error(run_benchmark):
+    with pytest.raises(SystemExit, match="valid:"):
+        run_benchmark("countdown_failures", ["--strategy", "greedy"])
+    with pytest.raises(SystemExit, match="at least 1"):
+        run_benchmark("countdown_failures", ["--n", "0"])
