@@ -4,9 +4,15 @@ Prompt ``numbers 3 5 7 target 22 :``; answer ``3 * 5 + 7``. The reference answer
 solution of a fixed enumeration over the sorted numbers (so it depends only on the problem key);
 its intermediate values are non-negative integers and its divisions are exact.
 
+The answer may also be written as steps, the way the game is played: ``3 * 5 = 15 , 15 + 7 = 22``
+(one line, steps separated by commas; each step combines two numbers still available, the given
+ones or earlier results, and its result becomes available). A steps line is scored like the
+expression it spells out, and every claimed result must be exact.
+
 Scoring (d1-style): 1.0 if the expression uses exactly the given numbers (as a multiset) and
 equals the target; 0.1 if it is a well-formed expression that fails (wrong value, wrong numbers,
-inexact division); 0.0 if no well-formed expression can be read. ``correct`` iff reward == 1.
+inexact division, a step whose claimed result is wrong); 0.0 if no well-formed expression can be
+read. ``correct`` iff reward == 1.
 """
 from __future__ import annotations
 
@@ -14,10 +20,11 @@ import itertools
 import random
 import re
 from collections import Counter
+from dataclasses import dataclass
 from functools import lru_cache
 
 from .base import Example, Problem, Score, TaskSuite
-from .expression import ExpressionSyntaxError, ExpressionValueError, parse_expression
+from .expression import ExpressionSyntaxError, ExpressionValueError, evaluate, parse_expression, parse_tree
 
 N_NUMBERS, MIN_NUMBER, MAX_NUMBER = 3, 1, 20
 MIN_TARGET, MAX_TARGET = 1, 100
@@ -77,6 +84,68 @@ def solutions(numbers: tuple[int, ...]) -> dict[int, str]:
     return {t: exprs[0] for t, exprs in all_solutions(numbers).items()}
 
 
+_STEP_RE = re.compile(r"^\s*(\d+)\s*([-+*/])\s*(\d+)\s*=\s*(\d+)\s*$")
+
+
+def render_steps(expression: str) -> str:
+    """``3 * 5 + 7`` -> ``3 * 5 = 15 , 15 + 7 = 22``: the expression's operations in evaluation order."""
+    steps: list[str] = []
+
+    def walk(node) -> int:
+        if isinstance(node, int):
+            return node
+        op, left, right = node
+        a, b = walk(left), walk(right)
+        value = evaluate((op, a, b))
+        steps.append(f"{a} {op} {b} = {value}")
+        return value
+
+    walk(parse_tree(expression))
+    return " , ".join(steps)
+
+
+@dataclass(frozen=True)
+class Steps:
+    """A steps line read against the given numbers (see ``read_steps``)."""
+
+    expression: str  # the expression the steps spell out, fully parenthesised
+    value: int  # the last step's true result
+    uses_numbers: bool  # every given number used exactly once, and nothing else left over
+    error: str | None  # first rule broken (wrong claimed result, inexact division, unknown operand)
+
+
+def read_steps(completion: str, numbers: list[int]) -> Steps | None:
+    """The first non-empty line as steps ``a op b = r , ...``; None unless every comma-separated
+    part has that shape (then the line is read as a plain expression instead)."""
+    lines = [ln for ln in completion.strip().splitlines() if ln.strip()]
+    parts = lines[0].split(",") if lines else []
+    matches = [_STEP_RE.match(part) for part in parts]
+    if not parts or not all(matches):
+        return None
+    pool: list[tuple[int, str]] = [(n, str(n)) for n in numbers]  # available value, its expression
+    value, error, expression = None, None, ""
+    for m in matches:
+        a, op, b, claimed = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
+        operands = []
+        for x in (a, b):
+            hit = next((i for i, (v, _) in enumerate(pool) if v == x), None)
+            if hit is None:
+                error = error or f"{x} is not available"
+                operands.append((x, str(x)))
+            else:
+                operands.append(pool.pop(hit))
+        expression = f"( {operands[0][1]} {op} {operands[1][1]} )"
+        try:
+            value = evaluate((op, a, b))
+        except ExpressionValueError as e:
+            return Steps(expression, claimed, False, str(e))
+        if value != claimed:
+            error = error or f"{a} {op} {b} is {value}, not {claimed}"
+        pool.append((claimed, expression))
+    uses = error is None and len(pool) == 1
+    return Steps(expression.removeprefix("( ").removesuffix(" )"), value, uses, error)
+
+
 def extract_expression(completion: str) -> str:
     """First non-empty line, cut at ``=`` (drops ``= target``), then its longest prefix made
     only of digits, operators, parentheses and spaces (so trailing junk words are ignored)."""
@@ -85,7 +154,7 @@ def extract_expression(completion: str) -> str:
     return _EXPR_PREFIX_RE.match(line).group().strip()
 
 
-ANSWER_MODES = ("canonical", "any", "prompt_order")
+ANSWER_MODES = ("canonical", "any", "prompt_order", "steps")
 
 
 class CountdownSuite(TaskSuite):
@@ -98,7 +167,8 @@ class CountdownSuite(TaskSuite):
     model to know that every earlier expression of the enumeration misses the target.
     ``answers="prompt_order"`` (also for training) runs the same enumeration over the numbers in
     the order the prompt shows them, so the reference is a function of the prompt as written
-    rather than of the sorted numbers.
+    rather than of the sorted numbers. ``answers="steps"`` writes the canonical solution as steps
+    (``3 * 5 = 15 , 15 + 7 = 22``), so the intermediate result is on the canvas.
     """
 
     name = "countdown"
@@ -109,6 +179,9 @@ class CountdownSuite(TaskSuite):
         if answers not in ANSWER_MODES:
             raise ValueError(f"unknown answers mode {answers!r}; valid: {', '.join(ANSWER_MODES)}")
         self.answers = answers
+        if answers == "steps":
+            # "20 * 20 = 400 , 400 - 19 = 381": 15 digits, 2 operators, 2 "=", 1 ","
+            self.max_answer_tokens = 20
 
     def _draw(self, rng: random.Random) -> Problem:
         while True:
@@ -123,6 +196,8 @@ class CountdownSuite(TaskSuite):
             answer = rng.choice(all_solutions(tuple(sorted(numbers)))[target])
         elif self.answers == "prompt_order":
             answer = solutions(tuple(numbers))[target]
+        elif self.answers == "steps":
+            answer = render_steps(answer)
         key = " ".join(map(str, sorted(numbers))) + f"={target}"
         prompt = f"numbers {' '.join(map(str, numbers))} target {target} :"
         return Problem(key, prompt, answer, {"numbers": numbers, "target": target})
@@ -130,6 +205,12 @@ class CountdownSuite(TaskSuite):
     def score(self, example: Example, completion: str) -> Score:
         """d1-style 1.0 / 0.1 / 0.0 reward (see module docstring)."""
         numbers, target = example.meta["numbers"], example.meta["target"]
+        steps = read_steps(completion, numbers)
+        if steps is not None:
+            ok = steps.error is None and steps.uses_numbers and steps.value == target
+            details = {"expression": steps.expression, "value": steps.value, "uses_numbers": steps.uses_numbers,
+                       "steps": True, **({"error": steps.error} if steps.error else {})}
+            return Score(ok, 1.0 if ok else 0.1, details)
         text = extract_expression(completion)
         try:
             parsed = parse_expression(text)  # syntax is checked in full before evaluation

@@ -61,7 +61,7 @@ def test_gsm_templates_and_scoring():
 def test_gsm_partial_credit_counts_grounded_right_steps():
     suite = get_suite("gsm")
     for e in _ex("gsm", "test", 200):
-        n, gold = e.meta["n_steps"], e.meta["answer"]
+        n = e.meta["n_steps"]
         assert suite.score(e, e.answer).reward == 1.0
         assert suite.score(e, e.answer).details["correct_steps"] == n
         steps = e.answer.split(" #### ")[0].split(" . ")
@@ -231,7 +231,7 @@ def test_countdown_any_answers_draws_among_all_solutions():
         non_canonical += e.answer != sols[0]
     assert non_canonical > 100  # most problems have several solving expressions
     assert [e.answer for e in exs[:20]] == [e.answer for e in anyans.examples("train", 20)]  # deterministic
-    with pytest.raises(ValueError, match="valid: canonical, any, prompt_order"):
+    with pytest.raises(ValueError, match="valid: canonical, any, prompt_order, steps"):
         get_suite("countdown", answers="random")
 
 
@@ -269,6 +269,43 @@ def test_countdown_rewards():
         assert s.reward == reward, (text, s)
         assert s.correct == (reward == 1.0)
     assert extract_expression("  3 * 5 + 7 = 22\nmore") == "3 * 5 + 7"
+
+
+def test_countdown_steps_answers_are_scored_like_their_expression():
+    suite = get_suite("countdown")
+    e = Example("x", "countdown", "numbers 3 5 7 target 22 :", "3 * 5 + 7", {"numbers": [3, 5, 7], "target": 22})
+    cases = {
+        "3 * 5 = 15 , 15 + 7 = 22": 1.0,
+        "5 * 3 = 15 , 7 + 15 = 22\n junk": 1.0,
+        "3 * 5 = 15 , 15 + 7 = 23": 0.1,  # last claim wrong
+        "3 * 5 = 16 , 16 + 6 = 22": 0.1,  # first claim wrong (then 6 is not given either)
+        "3 * 5 = 15 , 15 + 5 = 20": 0.1,  # 5 used twice
+        "3 * 5 = 15 , 3 + 7 = 10": 0.1,  # 3 used twice, 15 left over
+        "3 * 5 = 15": 0.1,  # 7 unused
+        "3 * 5 = 15 , 15 + 7 = 22 , 22 - 0 = 22": 0.1,  # 0 is not available
+        "7 / 3 = 2 , 2 + 5 = 7": 0.1,  # inexact division
+        "3 * 5 + 7 = 22 , junk": 1.0,  # not a steps line: read as an expression, as before
+    }
+    for text, reward in cases.items():
+        s = suite.score(e, text)
+        assert s.reward == reward, (text, s)
+        assert s.correct == (reward == 1.0)
+    assert suite.score(e, "3 * 5 = 15 , 15 + 7 = 22").details["expression"] == "( 3 * 5 ) + 7"
+    assert "not 23" in suite.score(e, "3 * 5 = 15 , 15 + 7 = 23").details["error"]
+
+
+def test_countdown_steps_training_answers():
+    from eval.tasks.countdown import render_steps
+
+    assert render_steps("3 * 5 + 7") == "3 * 5 = 15 , 15 + 7 = 22"
+    assert render_steps("3 * ( 7 - 5 )") == "7 - 5 = 2 , 3 * 2 = 6"  # operand order kept
+    assert render_steps("20 / ( 5 - 1 )") == "5 - 1 = 4 , 20 / 4 = 5"
+    canonical, steps = get_suite("countdown"), get_suite("countdown", answers="steps")
+    exs = steps.examples("train", 300)  # also checks the raised answer budget (20 tokens)
+    assert [e.meta["key"] for e in exs] == [e.meta["key"] for e in canonical.examples("train", 300)]
+    for e in exs:
+        assert e.answer == render_steps(solutions(tuple(sorted(e.meta["numbers"])))[e.meta["target"]])
+        assert canonical.score(e, e.answer).correct
 
 
 @pytest.mark.parametrize("numbers", [(2, 3, 4), (1, 1, 20), (6, 6, 6), (5, 7, 19)])
