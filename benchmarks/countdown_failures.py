@@ -4,8 +4,10 @@ Each greedy completion of the first ``--n`` countdown test problems is scored wi
 scorer and counted under the shape of the canonical reference (numbers replaced by ``n``, e.g.
 ``n * ( n - n )``). A wrong answer is ``wrong value`` (a readable expression over exactly the given
 numbers that misses the target), ``wrong numbers`` (readable, but not the given multiset, or an
-inexact division) or ``unreadable``. Right answers are split into the canonical reference and other
-valid expressions, which shows whether a model searches or recalls the canonical form.
+inexact division), ``wrong step`` (an answer written as steps, ``3 * 5 = 15 , 15 + 7 = 22``, with a
+step whose stated result is false) or ``unreadable``. Right answers are split into the canonical
+reference (as an expression or as its steps) and other valid answers, which shows whether a model
+searches or recalls the canonical form.
 
     python benchmarks/countdown_failures.py --model tiny --strategy vanilla --n 600
 """
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-KINDS = ("correct", "wrong value", "wrong numbers", "unreadable")
+KINDS = ("correct", "wrong value", "wrong numbers", "wrong step", "unreadable")
 
 
 def shape(expression: str) -> str:
@@ -34,6 +36,8 @@ def classify(score) -> str:
     if score.reward == 0.0:
         return "unreadable"
     d = score.details
+    if d.get("false_claim"):
+        return "wrong step"
     return "wrong value" if d.get("uses_numbers") and "error" not in d else "wrong numbers"
 
 
@@ -57,6 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
     from dllm.text import left_pad
     from dllm.tokenization import load_tokenizer
     from eval.tasks import get_suite
+    from eval.tasks.countdown import render_steps
     from training.rollouts import encode_prompt
 
     if args.strategy is not None and args.strategy not in STRATEGIES:
@@ -80,11 +85,14 @@ def main(argv: list[str] | None = None) -> dict:
         with torch.no_grad():
             out = model.generate(ids, attention_mask=mask, generation_config=cfg, tokenizer=tok)
         for ex, row in zip(batch, out[:, ids.shape[1]:].tolist()):
-            score = suite.score(ex, tok.decode(row, skip_special_tokens=True))
+            text = tok.decode(row, skip_special_tokens=True)
+            score = suite.score(ex, text)
             kind = classify(score)
             kinds[kind] += 1
             if score.correct:
-                right_form["canonical" if score.details["expression"] == ex.answer else "other"] += 1
+                canonical = score.details["expression"] == ex.answer or (
+                    score.details.get("steps") and text.strip().splitlines()[0].strip() == render_steps(ex.answer))
+                right_form["canonical" if canonical else "other"] += 1
             cell = by_shape.setdefault(shape(ex.answer), [0, 0])
             cell[0] += score.correct
             cell[1] += 1

@@ -112,6 +112,7 @@ class Steps:
     value: int  # the last step's true result
     uses_numbers: bool  # every given number used exactly once, and nothing else left over
     error: str | None  # first rule broken (wrong claimed result, inexact division, unknown operand)
+    false_claim: bool = False  # some step states a result its operation does not give
 
 
 def read_steps(completion: str, numbers: list[int]) -> Steps | None:
@@ -123,7 +124,7 @@ def read_steps(completion: str, numbers: list[int]) -> Steps | None:
     if not parts or not all(matches):
         return None
     pool: list[tuple[int, str]] = [(n, str(n)) for n in numbers]  # available value, its expression
-    value, error, expression = None, None, ""
+    value, error, expression, false_claim = None, None, "", False
     for m in matches:
         a, op, b, claimed = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
         operands = []
@@ -141,9 +142,10 @@ def read_steps(completion: str, numbers: list[int]) -> Steps | None:
             return Steps(expression, claimed, False, str(e))
         if value != claimed:
             error = error or f"{a} {op} {b} is {value}, not {claimed}"
+            false_claim = True
         pool.append((claimed, expression))
     uses = error is None and len(pool) == 1
-    return Steps(expression.removeprefix("( ").removesuffix(" )"), value, uses, error)
+    return Steps(expression.removeprefix("( ").removesuffix(" )"), value, uses, error, false_claim)
 
 
 def extract_expression(completion: str) -> str:
@@ -209,7 +211,8 @@ class CountdownSuite(TaskSuite):
         if steps is not None:
             ok = steps.error is None and steps.uses_numbers and steps.value == target
             details = {"expression": steps.expression, "value": steps.value, "uses_numbers": steps.uses_numbers,
-                       "steps": True, **({"error": steps.error} if steps.error else {})}
+                       "steps": True, "false_claim": steps.false_claim,
+                       **({"error": steps.error} if steps.error else {})}
             return Score(ok, 1.0 if ok else 0.1, details)
         text = extract_expression(completion)
         try:

@@ -20,6 +20,10 @@ def test_shape_and_classify(load_benchmark):
     assert cf.classify(suite.score(_ex(), "3 * 5 + 5")) == "wrong numbers"
     assert cf.classify(suite.score(_ex(), "7 / 3 + 5")) == "wrong numbers"  # inexact division
     assert cf.classify(suite.score(_ex(), "three")) == "unreadable"
+    assert cf.classify(suite.score(_ex(), "3 * 5 = 15 , 15 + 7 = 22")) == "correct"
+    assert cf.classify(suite.score(_ex(), "3 * 5 = 15 , 15 + 7 = 23")) == "wrong step"
+    assert cf.classify(suite.score(_ex(), "3 * 5 = 15 , 15 + 5 = 20")) == "wrong numbers"
+    assert cf.classify(suite.score(_ex(), "3 * 7 = 21 , 21 + 5 = 26")) == "wrong value"
 
 
 def test_counts_add_up(run_benchmark, tmp_path):
