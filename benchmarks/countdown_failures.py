@@ -58,11 +58,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     from decoding import STRATEGIES
     from dllm.loading import load_model, resolve_model_path
-    from dllm.text import left_pad
+    from dllm.text import generate_text
     from dllm.tokenization import load_tokenizer
     from eval.tasks import get_suite
     from eval.tasks.countdown import render_steps
-    from training.rollouts import encode_prompt
 
     if args.strategy is not None and args.strategy not in STRATEGIES:
         raise SystemExit(f"unknown strategy {args.strategy!r}; valid: {', '.join(sorted(STRATEGIES))}")
@@ -81,11 +80,10 @@ def main(argv: list[str] | None = None) -> dict:
     by_shape: dict[str, list[int]] = {}
     for start in range(0, len(examples), args.batch_size):
         batch = examples[start:start + args.batch_size]
-        ids, mask = left_pad([encode_prompt(tok, ex.prompt) for ex in batch], tok.pad_token_id)
         with torch.no_grad():
-            out = model.generate(ids, attention_mask=mask, generation_config=cfg, tokenizer=tok)
-        for ex, row in zip(batch, out[:, ids.shape[1]:].tolist()):
-            text = tok.decode(row, skip_special_tokens=True)
+            results = generate_text(model, tok, [ex.prompt for ex in batch], generation_config=cfg)
+        for ex, res in zip(batch, results):
+            text = res.text
             score = suite.score(ex, text)
             kind = classify(score)
             kinds[kind] += 1

@@ -63,10 +63,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     from decoding import STRATEGIES
     from dllm.loading import load_model, resolve_model_path
-    from dllm.text import left_pad
+    from dllm.text import generate_text
     from dllm.tokenization import load_tokenizer
     from eval.tasks import get_suite
-    from training.rollouts import encode_prompt
 
     if args.strategy is not None and args.strategy not in STRATEGIES:
         raise SystemExit(f"unknown strategy {args.strategy!r}; valid: {', '.join(sorted(STRATEGIES))}")
@@ -85,12 +84,10 @@ def main(argv: list[str] | None = None) -> dict:
     shown = 0
     for start in range(0, len(examples), args.batch_size):
         batch = examples[start:start + args.batch_size]
-        ids, mask = left_pad([encode_prompt(tok, ex.prompt) for ex in batch], tok.pad_token_id)
-        width = ids.shape[1]
         with torch.no_grad():
-            out = model.generate(ids, attention_mask=mask, generation_config=cfg, tokenizer=tok)
-        for ex, row in zip(batch, out[:, width:].tolist()):
-            text = tok.decode(row, skip_special_tokens=True)
+            results = generate_text(model, tok, [ex.prompt for ex in batch], generation_config=cfg)
+        for ex, res in zip(batch, results):
+            text = res.text
             cls, step = classify(text, suite.score(ex, text).correct)
             counts[cls] += 1
             if step is not None:

@@ -109,7 +109,7 @@ class Steps:
     """A steps line read against the given numbers (see ``read_steps``)."""
 
     expression: str  # the expression the steps spell out, fully parenthesised
-    value: int  # the last step's true result
+    value: int  # the last step's true result (its stated one when the division is inexact)
     uses_numbers: bool  # every given number used exactly once, and nothing else left over
     error: str | None  # first rule broken (wrong claimed result, inexact division, unknown operand)
     false_claim: bool = False  # some step states a result its operation does not give
