@@ -4,10 +4,10 @@ Each greedy completion of the first ``--n`` countdown test problems is scored wi
 scorer and counted under the shape of the canonical reference (numbers replaced by ``n``, e.g.
 ``n * ( n - n )``). A wrong answer is ``wrong value`` (a readable expression over exactly the given
 numbers that misses the target), ``wrong numbers`` (readable, but not the given multiset, or an
-inexact division), ``wrong step`` (an answer written as steps, ``3 * 5 = 15 , 15 + 7 = 22``, with a
-step whose stated result is false) or ``unreadable``. Right answers are split into the canonical
-reference (as an expression or as its steps) and other valid answers, which shows whether a model
-searches or recalls the canonical form.
+inexact division), ``wrong step`` (an answer written as steps, ``3 * 5 = 15 , 15 + 7 = 22``, or as
+a chain, ``3 * 5 = 15 + 7 = 22``, with a step whose stated result is false) or ``unreadable``. Right
+answers are split into the canonical reference (as an expression, its steps or its chain) and other
+valid answers, which shows whether a model searches or recalls the canonical form.
 
     python benchmarks/countdown_failures.py --model tiny --strategy vanilla --n 600
 """
@@ -41,6 +41,16 @@ def classify(score) -> str:
     return "wrong value" if d.get("uses_numbers") and "error" not in d else "wrong numbers"
 
 
+def is_canonical(score, text: str, reference: str) -> bool:
+    """Whether a right answer is the reference written as an expression, as steps or as a chain."""
+    from eval.tasks.countdown import render_chain, render_steps
+
+    if score.details["expression"] == reference:
+        return True
+    line = text.strip().splitlines()[0].strip()
+    return bool(score.details.get("steps")) and line in (render_steps(reference), render_chain(reference))
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny")
@@ -61,7 +71,6 @@ def main(argv: list[str] | None = None) -> dict:
     from dllm.text import generate_text
     from dllm.tokenization import load_tokenizer
     from eval.tasks import get_suite
-    from eval.tasks.countdown import render_steps
 
     if args.strategy is not None and args.strategy not in STRATEGIES:
         raise SystemExit(f"unknown strategy {args.strategy!r}; valid: {', '.join(sorted(STRATEGIES))}")
@@ -88,9 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
             kind = classify(score)
             kinds[kind] += 1
             if score.correct:
-                canonical = score.details["expression"] == ex.answer or (
-                    score.details.get("steps") and text.strip().splitlines()[0].strip() == render_steps(ex.answer))
-                right_form["canonical" if canonical else "other"] += 1
+                right_form["canonical" if is_canonical(score, text, ex.answer) else "other"] += 1
             cell = by_shape.setdefault(shape(ex.answer), [0, 0])
             cell[0] += score.correct
             cell[1] += 1

@@ -7,7 +7,9 @@ its intermediate values are non-negative integers and its divisions are exact.
 The answer may also be written as steps, the way the game is played: ``3 * 5 = 15 , 15 + 7 = 22``
 (one line, steps separated by commas; each step combines two numbers still available, the given
 ones or earlier results, and its result becomes available). A steps line is scored like the
-expression it spells out, and every claimed result must be exact.
+expression it spells out, and every claimed result must be exact. A *chain* writes each result only
+once and carries it into the next operation, the way a calculator tape reads: ``3 * 5 = 15 + 7 = 22``
+(the final ``= target`` may be left off); it is scored exactly like the steps it abbreviates.
 
 Scoring (d1-style): 1.0 if the expression uses exactly the given numbers (as a multiset) and
 equals the target; 0.1 if it is a well-formed expression that fails (wrong value, wrong numbers,
@@ -84,7 +86,67 @@ def solutions(numbers: tuple[int, ...]) -> dict[int, str]:
     return {t: exprs[0] for t, exprs in all_solutions(numbers).items()}
 
 
+@lru_cache(maxsize=65536)
+def _first_chain(numbers: tuple[int, ...], target: int) -> str | None:
+    """The chain of the first solution in enumeration order that has one."""
+    return next((c for e in all_solutions(numbers).get(target, ()) if (c := render_chain(e))), None)
+
+
 _STEP_RE = re.compile(r"^\s*(\d+)\s*([-+*/])\s*(\d+)\s*=\s*(\d+)\s*$")
+
+
+_CHAIN_RE = re.compile(r"^\s*\d+\s*[-+*/]\s*\d+(\s*=\s*\d+\s*[-+*/]\s*\d+)+(\s*=\s*\d+)?\s*$")
+_CHAIN_LINK_RE = re.compile(r"^\s*(\d+)\s*([-+*/])\s*(\d+)\s*$")
+
+
+def render_chain(expression: str) -> str | None:
+    """``3 * 5 + 7`` -> ``3 * 5 = 15 + 7 = 22``; None if no chain spells the expression.
+
+    A chain carries each result into the next operation as its left operand, so ``a o (b o c)``
+    is written ``b o c = w o a = v`` when ``o`` is + or * (operands swapped) and has no chain
+    otherwise (``20 - 3 * 5``, ``20 / ( 5 - 1 )``).
+    """
+    tree = parse_tree(expression)
+    if isinstance(tree, int):
+        return None
+    op, left, right = tree
+    if not isinstance(left, int):
+        first, carried_op, last = left, op, right
+    elif not isinstance(right, int) and op in "+*":
+        first, carried_op, last = right, op, left
+    else:
+        return None
+    if not (isinstance(first[1], int) and isinstance(first[2], int) and isinstance(last, int)):
+        return None
+    mid = evaluate(first)
+    return f"{first[1]} {first[0]} {first[2]} = {mid} {carried_op} {last} = {evaluate((carried_op, mid, last))}"
+
+
+def chain_to_steps(line: str) -> str | None:
+    """A chain line (``3 * 5 = 15 + 7 = 22``) as the steps it abbreviates
+    (``3 * 5 = 15 , 15 + 7 = 22``), or None if the line is not a chain. An open last link
+    (no ``= r``) gets its true result, so only the written results can be wrong claims."""
+    if not _CHAIN_RE.match(line):
+        return None
+    parts = [p.strip() for p in line.split("=")]
+    first = _CHAIN_LINK_RE.match(parts[0])
+    steps, pending = [], f"{first.group(1)} {first.group(2)} {first.group(3)}"
+    for part in parts[1:]:
+        if part.isdigit():  # "= r" closes the chain (the pattern allows it only last)
+            steps.append(f"{pending} = {part}")
+            pending = None
+            break
+        link = _CHAIN_LINK_RE.match(part)
+        steps.append(f"{pending} = {link.group(1)}")
+        pending = f"{link.group(1)} {link.group(2)} {link.group(3)}"
+    if pending is not None:
+        a, op, b = pending.split()
+        try:
+            value = evaluate((op, int(a), int(b)))
+        except ExpressionValueError:
+            value = int(a) // int(b) if int(b) else 0  # read_steps reports the inexact division
+        steps.append(f"{pending} = {value}")
+    return " , ".join(steps)
 
 
 def render_steps(expression: str) -> str:
@@ -119,6 +181,8 @@ def read_steps(completion: str, numbers: list[int]) -> Steps | None:
     """The first non-empty line as steps ``a op b = r , ...``; None unless every comma-separated
     part has that shape (then the line is read as a plain expression instead)."""
     lines = [ln for ln in completion.strip().splitlines() if ln.strip()]
+    if lines and (steps := chain_to_steps(lines[0])) is not None:
+        lines = [steps]
     parts = lines[0].split(",") if lines else []
     matches = [_STEP_RE.match(part) for part in parts]
     if not parts or not all(matches):
@@ -156,7 +220,7 @@ def extract_expression(completion: str) -> str:
     return _EXPR_PREFIX_RE.match(line).group().strip()
 
 
-ANSWER_MODES = ("canonical", "any", "prompt_order", "steps")
+ANSWER_MODES = ("canonical", "any", "prompt_order", "steps", "chain")
 
 
 class CountdownSuite(TaskSuite):
@@ -171,35 +235,55 @@ class CountdownSuite(TaskSuite):
     the order the prompt shows them, so the reference is a function of the prompt as written
     rather than of the sorted numbers. ``answers="steps"`` writes the canonical solution as steps
     (``3 * 5 = 15 , 15 + 7 = 22``), so the intermediate result is on the canvas.
+    ``answers="chain"`` writes the first solution of the enumeration that a chain can spell
+    (``3 * 5 = 15 + 7 = 22``: the intermediate result once, computable from either side) and
+    draws only targets that have one (about 94% of problems).
+
+    ``keep_additive`` (training option, default 1.0) keeps a drawn problem whose reference uses only
+    + and - with that probability and draws again otherwise, so products and quotients make up
+    more of the data; 1.0 draws exactly the default problems.
     """
 
     name = "countdown"
     max_prompt_tokens = 12  # "numbers" + 6 digits + "target" + 3 digits + ":"
     max_answer_tokens = 10  # 6 digits + 2 operators + 2 parentheses
 
-    def __init__(self, answers: str = "canonical") -> None:
+    def __init__(self, answers: str = "canonical", keep_additive: float = 1.0) -> None:
         if answers not in ANSWER_MODES:
             raise ValueError(f"unknown answers mode {answers!r}; valid: {', '.join(ANSWER_MODES)}")
-        self.answers = answers
+        if isinstance(keep_additive, bool) or not isinstance(keep_additive, (int, float)) \
+                or not 0.0 < keep_additive <= 1.0:
+            raise ValueError(f"keep_additive must be a number in (0, 1], got {keep_additive!r}")
+        self.answers, self.keep_additive = answers, float(keep_additive)
         if answers == "steps":
             # "20 * 20 = 400 , 400 - 19 = 381": 15 digits, 2 operators, 2 "=", 1 ","
             self.max_answer_tokens = 20
+        elif answers == "chain":
+            # "20 * 20 = 400 - 19 = 381": 12 digits, 2 operators, 2 "="
+            self.max_answer_tokens = 16
 
     def _draw(self, rng: random.Random) -> Problem:
         while True:
             numbers = [rng.randint(MIN_NUMBER, MAX_NUMBER) for _ in range(N_NUMBERS)]
             table = solutions(tuple(sorted(numbers)))
             targets = sorted(t for t in table if MIN_TARGET <= t <= MAX_TARGET)
-            if targets:
-                break
-        target = rng.choice(targets)
-        answer = table[target]
+            if self.answers == "chain":
+                targets = [t for t in targets if _first_chain(tuple(sorted(numbers)), t) is not None]
+            if not targets:
+                continue
+            target = rng.choice(targets)
+            answer = table[target]
+            if self.keep_additive < 1.0 and not set("*/") & set(answer) and rng.random() >= self.keep_additive:
+                continue
+            break
         if self.answers == "any":
             answer = rng.choice(all_solutions(tuple(sorted(numbers)))[target])
         elif self.answers == "prompt_order":
             answer = solutions(tuple(numbers))[target]
         elif self.answers == "steps":
             answer = render_steps(answer)
+        elif self.answers == "chain":
+            answer = _first_chain(tuple(sorted(numbers)), target)
         key = " ".join(map(str, sorted(numbers))) + f"={target}"
         prompt = f"numbers {' '.join(map(str, numbers))} target {target} :"
         return Problem(key, prompt, answer, {"numbers": numbers, "target": target})

@@ -24,6 +24,17 @@ def test_shape_and_classify(load_benchmark):
     assert cf.classify(suite.score(_ex(), "3 * 5 = 15 , 15 + 7 = 23")) == "wrong step"
     assert cf.classify(suite.score(_ex(), "3 * 5 = 15 , 15 + 5 = 20")) == "wrong numbers"
     assert cf.classify(suite.score(_ex(), "3 * 7 = 21 , 21 + 5 = 26")) == "wrong value"
+    assert cf.classify(suite.score(_ex(), "3 * 5 = 15 + 7 = 22")) == "correct"  # a chain
+    assert cf.classify(suite.score(_ex(), "3 * 5 = 16 + 6 = 22")) == "wrong step"
+    assert cf.classify(suite.score(_ex(), "3 * 7 = 21 + 5")) == "wrong value"
+
+
+def test_canonical_form(load_benchmark):
+    cf = load_benchmark("countdown_failures")
+    suite = get_suite("countdown")
+    for text, canonical in {"3 * 5 + 7": True, "3 * 5 = 15 , 15 + 7 = 22": True, "3 * 5 = 15 + 7 = 22": True,
+                            "7 + 3 * 5": False, "5 * 3 = 15 + 7 = 22": False}.items():
+        assert cf.is_canonical(suite.score(_ex(), text), text, "3 * 5 + 7") is canonical, text
 
 
 def test_counts_add_up(run_benchmark, tmp_path):

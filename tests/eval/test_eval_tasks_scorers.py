@@ -231,7 +231,7 @@ def test_countdown_any_answers_draws_among_all_solutions():
         non_canonical += e.answer != sols[0]
     assert non_canonical > 100  # most problems have several solving expressions
     assert [e.answer for e in exs[:20]] == [e.answer for e in anyans.examples("train", 20)]  # deterministic
-    with pytest.raises(ValueError, match="valid: canonical, any, prompt_order, steps"):
+    with pytest.raises(ValueError, match="valid: canonical, any, prompt_order, steps, chain"):
         get_suite("countdown", answers="random")
 
 
@@ -306,6 +306,68 @@ def test_countdown_steps_training_answers():
     for e in exs:
         assert e.answer == render_steps(solutions(tuple(sorted(e.meta["numbers"])))[e.meta["target"]])
         assert canonical.score(e, e.answer).correct
+
+
+def test_countdown_chain_answers_are_scored_like_their_steps():
+    from eval.tasks.countdown import chain_to_steps
+
+    suite = get_suite("countdown")
+    e = Example("x", "countdown", "numbers 3 5 7 target 22 :", "3 * 5 + 7", {"numbers": [3, 5, 7], "target": 22})
+    cases = {
+        "3 * 5 = 15 + 7 = 22": 1.0,
+        "3*5=15+7": 1.0,  # open last link: its result is computed, nothing claimed
+        "7 + 15 = 22": 0.1,  # one step: 15 is not a given number
+        "3 * 5 = 15 + 7 = 23": 0.1,  # last claim wrong
+        "3 * 5 = 16 + 6 = 22": 0.1,  # first claim wrong
+        "3 * 5 = 15 + 5 = 20": 0.1,  # 5 used twice
+        "5 - 3 = 2 + 7": 0.1,  # valid chain, wrong value (9)
+        "7 / 3 = 2 + 5 = 7": 0.1,  # inexact division
+        "3 * 5 = 15 + 7 = 22 = 22": 0.1,  # not a chain (a bare "= r" only last): the expression "3 * 5"
+    }
+    for text, reward in cases.items():
+        s = suite.score(e, text)
+        assert s.reward == reward, (text, s)
+        assert s.correct == (reward == 1.0)
+    assert chain_to_steps("3 * 5 = 15 + 7 = 22") == "3 * 5 = 15 , 15 + 7 = 22"
+    assert chain_to_steps("3 * 5 + 7 = 22") is None and chain_to_steps("3 * 5 = 15") is None
+    assert suite.score(e, "3 * 5 = 15 + 7 = 22").details["expression"] == "( 3 * 5 ) + 7"
+    assert suite.score(e, "3 * 5 = 16 + 6 = 22").details["false_claim"]
+    assert "not available" in suite.score(e, "3 * 5 = 15 + 5 = 20").details["error"]
+
+
+def test_countdown_chain_training_answers():
+    from eval.tasks.countdown import all_solutions, render_chain
+
+    assert render_chain("3 * 5 + 7") == "3 * 5 = 15 + 7 = 22"
+    assert render_chain("3 * ( 7 - 5 )") == "7 - 5 = 2 * 3 = 6"  # commutative outer op: operands swapped
+    assert render_chain("20 - ( 5 + 1 )") is None  # a chain carries its result on the left only
+    assert render_chain("20 / ( 5 - 1 )") is None
+    canonical, chain = get_suite("countdown"), get_suite("countdown", answers="chain")
+    exs = chain.examples("train", 300)  # also checks the raised answer budget (16 tokens)
+    for e in exs:
+        nums, target = tuple(sorted(e.meta["numbers"])), e.meta["target"]
+        chains = [c for x in all_solutions(nums)[target] if (c := render_chain(x))]
+        assert e.answer == chains[0]  # the first chainable solution of the enumeration
+        assert canonical.score(e, e.answer).correct
+    # targets reachable only by unchainable expressions are not drawn; evaluation is unchanged
+    test = canonical.examples("test", 600)
+    unchainable = [e for e in test if not any(render_chain(x) for x in
+                                              all_solutions(tuple(sorted(e.meta["numbers"])))[e.meta["target"]])]
+    assert 0 < len(unchainable) < 60
+
+
+def test_countdown_keep_additive_shifts_the_mix_to_products_and_quotients():
+    canonical = get_suite("countdown")
+    additive = lambda exs: sum(not set("*/") & set(e.answer) for e in exs) / len(exs)  # noqa: E731
+    base = canonical.examples("train", 1000)
+    assert [e.answer for e in get_suite("countdown", keep_additive=1.0).examples("train", 1000)] == \
+        [e.answer for e in base]  # 1.0 draws exactly the default problems
+    fewer = get_suite("countdown", keep_additive=0.3).examples("train", 1000)
+    assert additive(base) > 0.3 and additive(fewer) < 0.6 * additive(base)
+    assert all(canonical.score(e, e.answer).correct for e in fewer)
+    for bad in (0, 1.5, "half", True):
+        with pytest.raises(ValueError, match="keep_additive must be a number in"):
+            get_suite("countdown", keep_additive=bad)
 
 
 @pytest.mark.parametrize("numbers", [(2, 3, 4), (1, 1, 20), (6, 6, 6), (5, 7, 19)])
