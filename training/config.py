@@ -25,8 +25,8 @@ class ConfigError(ValueError):
 @dataclass
 class ModelSection:
     path: str | None = None  # checkpoint dir or bundled name to start from; None: from scratch
-    # a checkpoint to deepen into the model built from ``config`` (more layers, same widths): see
-    # training.models.grow_depth; exclusive with ``path``
+    # a checkpoint to grow into the model built from ``config`` (more layers and/or a wider MLP,
+    # other widths equal): see training.models.grow_depth; exclusive with ``path``
     grow_from: str | None = None
     config: dict = field(default_factory=dict)  # LLaDAConfig kwargs when training from scratch
     tokenizer: str | None = None  # tokenizer dir; None: the checkpoint's, or built from the task suites

@@ -70,13 +70,31 @@ _LAYER_KEY = re.compile(r"^(.*\.(?:blocks|layers))\.(\d+)\.(.+)$")
 _OUTPUT_PROJECTIONS = {"attn_out", "ff_out", "o_proj", "down_proj"}
 
 
+_MLP_INPUTS = {"ff_proj", "up_proj", "gate_proj"}
+_MLP_OUTPUTS = {"ff_out", "down_proj"}
+
+
+def _fits(src: torch.Size, tgt: torch.Size, parts: set[str]) -> bool:
+    """Same shape, or an MLP weight grown along its hidden dimension only (rows of the input
+    projections, columns of the output projection)."""
+    if src == tgt:
+        return True
+    if len(src) != 2 or len(tgt) != 2:
+        return False
+    hidden_dim = 0 if parts & _MLP_INPUTS else 1 if parts & _MLP_OUTPUTS else None
+    return hidden_dim is not None and src[1 - hidden_dim] == tgt[1 - hidden_dim] and src[hidden_dim] < tgt[hidden_dim]
+
+
 def grow_depth(model: torch.nn.Module, source: torch.nn.Module) -> dict[int, int]:
-    """Copy ``source`` into the deeper ``model`` so that both compute the same function.
+    """Copy ``source`` into the deeper and/or MLP-wider ``model`` so that both compute the same function.
 
     Target layer ``i`` takes source layer ``floor(i * L_src / L_tgt)``; every non-first copy of a
     source layer gets its output projections zeroed, which makes it an identity residual block
-    until training moves them. Everything outside the layers (embeddings, final norm, head) is
-    copied as is. Returns the map target layer -> source layer.
+    until training moves them. A wider MLP hidden layer (``mlp_hidden_size``; LLaDA) or
+    ``intermediate_size`` (Dream) keeps the source's units first; the new units keep the model's
+    fresh initialisation on their input side (gate, up) and start with zero output weights, so
+    they add nothing until trained. Everything outside the layers (embeddings, final norm, head)
+    is copied as is. Returns the map target layer -> source layer.
     """
     src_sd, tgt_sd = source.state_dict(), model.state_dict()
     n_src = 1 + max((int(m.group(2)) for k in src_sd if (m := _LAYER_KEY.match(k))), default=-1)
@@ -92,11 +110,20 @@ def grow_depth(model: torch.nn.Module, source: torch.nn.Module) -> dict[int, int
     for key, value in tgt_sd.items():
         m = _LAYER_KEY.match(key)
         src_key = f"{m.group(1)}.{mapping[int(m.group(2))]}.{m.group(3)}" if m else key
-        if src_key not in src_sd or src_sd[src_key].shape != value.shape:
+        parts = set(m.group(3).split(".")) if m else set()
+        if src_key not in src_sd or not _fits(src_sd[src_key].shape, value.shape, parts):
             got = tuple(src_sd[src_key].shape) if src_key in src_sd else "missing"
             raise ValueError(f"grow_from: {key} {tuple(value.shape)} has no match in the checkpoint ({src_key}: "
-                             f"{got}); only the number of layers may differ")
-        w = src_sd[src_key].detach().clone().to(value.dtype)
+                             f"{got}); only the number of layers and the MLP hidden size may grow")
+        w = src_sd[src_key].detach().to(value.dtype)
+        if w.shape != value.shape:  # a wider MLP: source units first, new units fresh (inputs) or zero (output)
+            grown = value.detach().clone()
+            if parts & _MLP_OUTPUTS:
+                grown.zero_()
+            grown[tuple(slice(0, n) for n in w.shape)] = w
+            w = grown
+        else:
+            w = w.clone()
         duplicate = m is not None and first_copy[mapping[int(m.group(2))]] != int(m.group(2))
         if duplicate and _OUTPUT_PROJECTIONS & set(m.group(3).split(".")):
             w.zero_()

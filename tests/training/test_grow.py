@@ -1,4 +1,4 @@
-"""Depth growth (model.grow_from): a deeper model that starts with exactly the checkpoint's function."""
+"""Growth (model.grow_from): a deeper and/or MLP-wider model that starts with exactly the checkpoint's function."""
 
 from __future__ import annotations
 
@@ -43,10 +43,43 @@ def test_grown_dream_computes_the_same_function():
     torch.testing.assert_close(_logits(target, ids), _logits(source, ids), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("n_tgt", [2, 3])
+def test_wider_mlp_llada_computes_the_same_function(n_tgt):
+    source = tiny_llada(seed=1, initializer_range=0.5)
+    target = tiny_llada(seed=2, n_layers=n_tgt, mlp_hidden_size=240, initializer_range=0.5)
+    fresh = {k: v.clone() for k, v in target.state_dict().items()}
+    ids = torch.randint(0, 60, (2, 11), generator=torch.Generator().manual_seed(0))
+    mapping = grow_depth(target, source)
+    torch.testing.assert_close(_logits(target, ids), _logits(source, ids), rtol=1e-5, atol=1e-5)
+    for i in range(n_tgt):
+        block, src = target.model.transformer.blocks[i], source.model.transformer.blocks[mapping[i]]
+        assert torch.equal(block.ff_proj.weight[:96], src.ff_proj.weight)
+        assert torch.equal(block.up_proj.weight[:96], src.up_proj.weight)
+        # new units: fresh input weights (they learn), zero output weights (they add nothing yet)
+        key = f"model.transformer.blocks.{i}.ff_proj.weight"
+        assert torch.equal(block.ff_proj.weight[96:], fresh[key][96:]) and block.ff_proj.weight[96:].abs().sum() > 0
+        assert block.ff_out.weight.shape == (48, 240) and not block.ff_out.weight[:, 96:].any()
+    # the new units train: after one step their output weights move
+    target.train()
+    loss = target(ids).logits.logsumexp(-1).mean()
+    loss.backward()
+    assert target.model.transformer.blocks[0].ff_out.weight.grad[:, 96:].abs().sum() > 0
+
+
+def test_wider_mlp_dream_computes_the_same_function():
+    source = tiny_dream(seed=1, initializer_range=0.5)
+    target = tiny_dream(seed=2, intermediate_size=160, initializer_range=0.5)
+    ids = torch.randint(0, 60, (1, 9), generator=torch.Generator().manual_seed(1))
+    grow_depth(target, source)
+    torch.testing.assert_close(_logits(target, ids), _logits(source, ids), rtol=1e-5, atol=1e-5)
+
+
 def test_grow_refuses_other_widths_and_fewer_layers():
     source = tiny_llada(n_layers=2)
-    with pytest.raises(ValueError, match="only the number of layers may differ"):
+    with pytest.raises(ValueError, match="only the number of layers and the MLP hidden size may grow"):
         grow_depth(tiny_llada(n_layers=4, d_model=64), source)
+    with pytest.raises(ValueError, match="only the number of layers and the MLP hidden size may grow"):
+        grow_depth(tiny_llada(mlp_hidden_size=64), source)  # narrower
     with pytest.raises(ValueError, match="at least as many layers"):
         grow_depth(tiny_llada(n_layers=1), source)
 
