@@ -144,7 +144,7 @@ def chain_to_steps(line: str) -> str | None:
         try:
             value = evaluate((op, int(a), int(b)))
         except ExpressionValueError:
-            value = int(a) // int(b) if int(b) else 0  # read_steps reports the inexact division
+            value = 0  # any placeholder: read_steps re-evaluates the step and reports the division
         steps.append(f"{pending} = {value}")
     return " , ".join(steps)
 
