@@ -104,6 +104,8 @@ class SFTConfig(TrainConfig):
     # trigger token are masked: the step results and final answer of a worked solution
     result_mask_prob: float = 0.0
     result_triggers: list[str] = field(default_factory=lambda: ["=", "#"])
+    # extra, not LLaDA: weight each masked token by (1 - p_target)^gamma, renormalised (MGDM-style)
+    token_weight_gamma: float = 0.0
 
 
 @dataclass
@@ -297,6 +299,8 @@ def validate(cfg: TrainConfig) -> None:
         for key in ("full_mask_prob", "t_min", "prefix_prob", "result_mask_prob"):
             if not 0 <= getattr(cfg, key) <= 1:
                 bad(f"{key}={getattr(cfg, key)} must be in [0, 1]")
+        if not 0 <= cfg.token_weight_gamma <= 10:
+            bad(f"token_weight_gamma={cfg.token_weight_gamma} must be in [0, 10] (0: the plain LLaDA loss)")
     if isinstance(cfg, DistillConfig):
         if not 0 <= cfg.pmask_low <= cfg.pmask_high <= 1:
             bad("need 0 <= pmask_low <= pmask_high <= 1")

@@ -106,16 +106,27 @@ def sft_loss(
     masked: torch.Tensor,
     p_mask: torch.Tensor,
     answer_lengths: torch.Tensor,
+    token_weight_gamma: float = 0.0,
 ) -> torch.Tensor:
     """LLaDA SFT loss: sum over masked tokens of CE / p / answer_length(row), divided by the batch size.
 
     ``logits`` [b, l, V] align with ``targets`` [b, l] (pass the answer columns only to save memory);
     ``answer_lengths`` [b] counts each row's answer slots, EOS padding included.
+
+    ``token_weight_gamma`` > 0 (extra, not LLaDA) adds adaptive token-level reweighting in the spirit
+    of MGDM (Ye et al., "Beyond Autoregression", 2024): each masked token's term is multiplied by
+    ``(1 - p_target) ** gamma``, the probability the model gives the right token taken without
+    gradient, so tokens the model already gets right (EOS padding, copied digits) weigh less than
+    the few hard ones (which operation, which operand). The factors are rescaled to mean 1 over
+    the batch's masked tokens, so the learning rate keeps its meaning; gamma 0 is the plain loss.
     """
     b = targets.shape[0]
     rows = torch.arange(b, device=targets.device)[:, None].expand_as(targets)[masked]
     ce = F.cross_entropy(logits[masked].float(), targets[masked], reduction="none")
     weight = 1.0 / (p_mask[masked].float() * answer_lengths[rows].float())
+    if token_weight_gamma > 0 and ce.numel():
+        hard = (1.0 - torch.exp(-ce.detach())).clamp(min=0.0) ** token_weight_gamma
+        weight = weight * hard / hard.mean().clamp(min=1e-12)
     return (ce * weight).sum() / b
 
 

@@ -70,7 +70,8 @@ class SFTTrainer(Trainer):
         logits = model(noisy, attention_mask=batch.attention_mask, prompt_length=p,
                        logits_range=(p, noisy.shape[1])).logits
         answer_lengths = batch.answer_mask.sum(dim=1)
-        return sft_loss(logits, batch.input_ids[:, p:], masked[:, p:], p_mask[:, p:], answer_lengths)
+        return sft_loss(logits, batch.input_ids[:, p:], masked[:, p:], p_mask[:, p:], answer_lengths,
+                        self.cfg.token_weight_gamma)
 
     def export(self, model, out_dir: Path) -> None:
         info = {"trainer": self.name, "steps": self.cfg.max_steps, "config": to_dict(self.cfg)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from dllm.testing import EOS, MASK, PAD, tiny_llada
@@ -65,6 +66,46 @@ def test_sft_loss_matches_hand_computation():
     expected /= b
     got = sft_loss(logits, targets, masked, p_mask, lengths)
     assert math.isclose(float(got.detach()), expected, rel_tol=1e-5)
+
+
+def test_sft_loss_token_weight_gamma_zero_is_plain_and_positive_favours_hard_tokens():
+    torch.manual_seed(0)
+    b, l, v = 2, 4, 5
+    targets = torch.randint(0, v, (b, l))
+    logits = torch.randn(b, l, v)
+    logits[0, 0, targets[0, 0]] += 8.0  # one token the model already gets right
+    masked = torch.ones(b, l, dtype=torch.bool)
+    p_mask = torch.full((b, l), 0.5)
+    lengths = torch.tensor([4, 4])
+    plain = sft_loss(logits, targets, masked, p_mask, lengths)
+    assert torch.equal(sft_loss(logits, targets, masked, p_mask, lengths, token_weight_gamma=0.0), plain)
+
+    def grads(gamma):
+        x = logits.clone().requires_grad_(True)
+        sft_loss(x, targets, masked, p_mask, lengths, token_weight_gamma=gamma).backward()
+        return x.grad.norm(dim=-1)
+
+    g0, g2 = grads(0.0), grads(2.0)
+    # the easy token's share of the gradient shrinks, the hard tokens' grows
+    assert g2[0, 0] / g2.sum() < 0.1 * (g0[0, 0] / g0.sum())
+    # hand computation: (1 - p)^gamma factors, rescaled to mean 1 over the masked tokens
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, v), targets.reshape(-1), reduction="none")
+    f = (1 - torch.exp(-ce)) ** 2
+    f = f / f.mean()
+    expected = float((ce * f / (0.5 * 4)).sum() / b)
+    got = sft_loss(logits, targets, masked, p_mask, lengths, token_weight_gamma=2.0)
+    assert math.isclose(float(got), expected, rel_tol=1e-5)
+    # equally hard tokens: the rescaling leaves the loss unchanged
+    flat = torch.zeros(b, l, v)
+    assert torch.allclose(sft_loss(flat, targets, masked, p_mask, lengths, token_weight_gamma=1.5),
+                          sft_loss(flat, targets, masked, p_mask, lengths))
+
+
+def test_token_weight_gamma_is_validated():
+    from training.config import ConfigError, SFTConfig, validate
+
+    with pytest.raises(ConfigError, match="token_weight_gamma"):
+        validate(SFTConfig(token_weight_gamma=-1.0))
 
 
 def test_sft_trainer_loss_uses_fixed_mask(monkeypatch, tokenizer):
