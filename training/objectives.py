@@ -115,8 +115,8 @@ def sft_loss(
 
     ``token_weight_gamma`` > 0 (extra, not LLaDA) adds adaptive token-level reweighting in the spirit
     of MGDM (Ye et al., "Beyond Autoregression", 2024): each masked token's term is multiplied by
-    ``(1 - p_target) ** gamma``, the probability the model gives the right token taken without
-    gradient, so tokens the model already gets right (EOS padding, copied digits) weigh less than
+    ``(1 - p_target) ** gamma``, where ``p_target`` is the probability the model gives the right
+    token (taken without gradient), so tokens the model already gets right (EOS padding, copied digits) weigh less than
     the few hard ones (which operation, which operand). The factors are rescaled to mean 1 over
     the batch's masked tokens, so the learning rate keeps its meaning; gamma 0 is the plain loss.
     """

@@ -144,7 +144,7 @@ def chain_to_steps(line: str) -> str | None:
         try:
             value = evaluate((op, int(a), int(b)))
         except ExpressionValueError:
-            value = 0  # any placeholder: read_steps re-evaluates the step and reports the division
+            value = 0  # never trusted: read_steps recomputes this step, finds the inexact division, scores 0.1
         steps.append(f"{pending} = {value}")
     return " , ".join(steps)
 
