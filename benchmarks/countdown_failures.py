@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--strategy", default=None, help="decoding strategy (default: the model's own)")
-    ap.add_argument("--n", type=int, default=600, help="countdown test problems")
+    ap.add_argument("--n", type=int, default=600, help="countdown problems")
+    ap.add_argument("--split", choices=("test", "train"), default="test",
+                    help="held-out problems (default) or training-split ones, to tell memorising from learning")
     ap.add_argument("--batch-size", type=int, default=50)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, help="also write the results here")
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.strategy is not None:
         cfg = cfg.replace(strategy=args.strategy)
     suite = get_suite("countdown")
-    examples = list(suite.examples("test", args.n))
+    examples = list(suite.examples(args.split, args.n))
     kinds: Counter[str] = Counter()
     right_form: Counter[str] = Counter()
     by_shape: dict[str, list[int]] = {}
@@ -102,13 +104,13 @@ def main(argv: list[str] | None = None) -> dict:
             cell[0] += score.correct
             cell[1] += 1
     shapes = {s: {"correct": c, "n": m} for s, (c, m) in sorted(by_shape.items(), key=lambda kv: -kv[1][1])}
-    print(f"model={args.model} strategy={cfg.strategy} n={len(examples)} torch_threads={torch.get_num_threads()}")
+    print(f"model={args.model} strategy={cfg.strategy} split={args.split} n={len(examples)} torch_threads={torch.get_num_threads()}")
     for k in KINDS:
         print(f"  {k:<15}{kinds[k]:>5}")
     print(f"  right answers: {right_form['canonical']} canonical, {right_form['other']} other valid")
     for s, v in shapes.items():
         print(f"  {s:<22}{v['correct']:>4}/{v['n']:<4}{100 * v['correct'] / v['n']:6.1f}%")
-    result = {"model": args.model, "strategy": cfg.strategy, "n": len(examples),
+    result = {"model": args.model, "strategy": cfg.strategy, "split": args.split, "n": len(examples),
               "torch_threads": torch.get_num_threads(), "counts": {k: kinds[k] for k in KINDS},
               "right_answers": {"canonical": right_form["canonical"], "other": right_form["other"]},
               "by_shape": shapes}

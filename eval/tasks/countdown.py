@@ -220,7 +220,46 @@ def extract_expression(completion: str) -> str:
     return _EXPR_PREFIX_RE.match(line).group().strip()
 
 
-ANSWER_MODES = ("canonical", "any", "prompt_order", "steps", "chain")
+ANSWER_MODES = ("canonical", "any", "prompt_order", "steps", "chain", "table")
+TABLE_FORMAT = "dllm-countdown-answers"
+
+
+@lru_cache(maxsize=8)
+def load_answer_table(path: str) -> dict[str, str]:
+    """Problem key (``"3 5 7=22"``) -> training answer, read from a JSON table
+    (``{"format": "dllm-countdown-answers", "answers": {key: expression}}``).
+
+    Every entry must be a training-split problem and one of its solving expressions, so a table can
+    change which right answer the model is taught but never teaches a wrong one or a test problem.
+    """
+    import json
+    from pathlib import Path
+
+    from .base import split_of_key
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"answer_table {path!r} does not exist") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"answer_table {path!r} is not readable JSON: {e}") from None
+    if not isinstance(data, dict) or data.get("format") != TABLE_FORMAT or not isinstance(data.get("answers"), dict):
+        raise ValueError(f"answer_table {path!r} is not a {TABLE_FORMAT} file "
+                         "(python -m training.countdown_answers writes one)")
+    table: dict[str, str] = {}
+    for key, expression in data["answers"].items():
+        try:
+            numbers_text, target_text = key.split("=")
+            numbers, target = tuple(int(x) for x in numbers_text.split()), int(target_text)
+        except ValueError:
+            raise ValueError(f"answer_table {path!r}: bad key {key!r} (want e.g. '3 5 7=22')") from None
+        if split_of_key(key) != "train":
+            raise ValueError(f"answer_table {path!r}: {key!r} is a test problem; tables may only hold training ones")
+        if (len(numbers) != N_NUMBERS or list(numbers) != sorted(numbers)
+                or expression not in all_solutions(numbers).get(target, ())):
+            raise ValueError(f"answer_table {path!r}: {expression!r} is not a solution of {key!r}")
+        table[key] = expression
+    return table
 
 
 class CountdownSuite(TaskSuite):
@@ -242,15 +281,26 @@ class CountdownSuite(TaskSuite):
     ``keep_additive`` (training option, default 1.0) keeps a drawn problem whose reference uses only
     + and - with that probability and draws again otherwise, so products and quotients make up
     more of the data; 1.0 draws exactly the default problems.
+
+    ``answers="table"`` with ``answer_table=PATH`` (training option) teaches, for each problem the
+    table lists, the solving expression it names, and the canonical one otherwise. The problems drawn
+    are the default ones (same random stream); only their reference answers change.
+    ``python -m training.countdown_answers`` writes such a table with the solution a given model
+    finds most likely, so the taught answer is unique per problem (unlike ``any``) yet need not be the
+    enumeration's first.
     """
 
     name = "countdown"
     max_prompt_tokens = 12  # "numbers" + 6 digits + "target" + 3 digits + ":"
     max_answer_tokens = 10  # 6 digits + 2 operators + 2 parentheses
 
-    def __init__(self, answers: str = "canonical", keep_additive: float = 1.0) -> None:
+    def __init__(self, answers: str = "canonical", keep_additive: float = 1.0,
+                 answer_table: str | None = None) -> None:
         if answers not in ANSWER_MODES:
             raise ValueError(f"unknown answers mode {answers!r}; valid: {', '.join(ANSWER_MODES)}")
+        if (answers == "table") != (answer_table is not None):
+            raise ValueError("answers='table' and answer_table=PATH go together (one names the other)")
+        self.table = load_answer_table(str(answer_table)) if answer_table is not None else {}
         if isinstance(keep_additive, bool) or not isinstance(keep_additive, (int, float)) \
                 or not 0.0 < keep_additive <= 1.0:
             raise ValueError(f"keep_additive must be a number in (0, 1], got {keep_additive!r}")
@@ -273,6 +323,8 @@ class CountdownSuite(TaskSuite):
                 continue
             target = rng.choice(targets)
             answer = table[target]
+            if self.answers == "table":
+                answer = self.table.get(" ".join(map(str, sorted(numbers))) + f"={target}", answer)
             if self.keep_additive < 1.0 and not set("*/") & set(answer) and rng.random() >= self.keep_additive:
                 continue
             break

@@ -52,3 +52,10 @@ def test_bad_input_is_a_clear_error(run_benchmark):
         run_benchmark("countdown_failures", ["--strategy", "greedy"])
     with pytest.raises(SystemExit, match="at least 1"):
         run_benchmark("countdown_failures", ["--n", "0"])
+
+
+def test_train_split(run_benchmark):
+    result = run_benchmark("countdown_failures", ["--n", "4", "--batch-size", "4", "--split", "train"])
+    assert result["split"] == "train" and result["n"] == 4 == sum(result["counts"].values())
+    with pytest.raises(SystemExit):
+        run_benchmark("countdown_failures", ["--split", "dev"])

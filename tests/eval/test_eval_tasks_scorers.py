@@ -402,3 +402,62 @@ def test_countdown_robust_to_random_junk():
         junk = "".join(rng.choice("0123456789+-*/() xyz=\n") for _ in range(rng.randint(0, 20)))
         s = suite.score(e, junk)
         assert s.reward in (0.0, 0.1, 1.0) and 0.0 <= s.reward <= 1.0
+
+
+def _table_file(tmp_path, answers, fmt="dllm-countdown-answers"):
+    import json
+
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"format": fmt, "answers": answers}))
+    return str(path)
+
+
+def test_countdown_answer_table_changes_only_the_taught_answers(tmp_path):
+    from eval.tasks.base import split_of_key
+    from eval.tasks.countdown import all_solutions
+
+    base = get_suite("countdown").examples("train", 400)
+    # the last solving expression of every problem in the first 200 that has several
+    table = {}
+    for e in base[:200]:
+        nums = tuple(sorted(e.meta["numbers"]))
+        sols = all_solutions(nums)[e.meta["target"]]
+        if len(sols) > 1:
+            table[" ".join(map(str, nums)) + f"={e.meta['target']}"] = sols[-1]
+    assert len(table) > 50 and all(split_of_key(k) == "train" for k in table)
+    tabled = get_suite("countdown", answers="table", answer_table=_table_file(tmp_path, table))
+    drawn = tabled.examples("train", 400)
+    assert [(e.id, e.prompt) for e in drawn] == [(e.id, e.prompt) for e in base]  # same problems
+    changed = 0
+    for old, new in zip(base, drawn):
+        assert new.answer == table.get(new.meta["key"], old.answer)
+        assert tabled.score(new, new.answer).correct
+        changed += new.answer != old.answer
+    assert changed == len(table)
+
+
+def test_countdown_answer_table_rejects_bad_tables(tmp_path):
+    from eval.tasks.base import split_of_key
+
+    test_key = get_suite("countdown").examples("test", 1)[0].meta["key"]
+    train = get_suite("countdown").examples("train", 1)[0]
+    train_key = train.meta["key"]
+    assert split_of_key(test_key) == "test" and split_of_key(train_key) == "train"
+    cases = {
+        "is a test problem": {test_key: "1 + 1 + 1"},
+        "is not a solution": {train_key: "1 + 2 + 3" if train.answer != "1 + 2 + 3" else "1 + 2 + 4"},
+        "bad key": {"three=4": "1 + 1 + 2"},
+    }
+    for i, (message, answers) in enumerate(cases.items()):
+        sub = tmp_path / str(i)
+        sub.mkdir()
+        with pytest.raises(ValueError, match=message):
+            get_suite("countdown", answers="table", answer_table=_table_file(sub, answers))
+    with pytest.raises(ValueError, match="is not a dllm-countdown-answers file"):
+        get_suite("countdown", answers="table", answer_table=_table_file(tmp_path, {}, fmt="other"))
+    with pytest.raises(ValueError, match="does not exist"):
+        get_suite("countdown", answers="table", answer_table=str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="go together"):
+        get_suite("countdown", answers="table")
+    with pytest.raises(ValueError, match="go together"):
+        get_suite("countdown", answer_table=_table_file(tmp_path, {}))
