@@ -29,9 +29,11 @@ def _run(kind: str, config: Path | None, overrides: list[str] | None, resume: bo
         from .sft import SFTTrainer as trainer_cls
     else:
         from .distill import DistillTrainer as trainer_cls
+    from dllm.loading import CheckpointError
+
     try:
         result = trainer_cls(cfg).run()
-    except ConfigError as err:  # a setting only checkable against the loaded model/tokenizer
+    except (ConfigError, CheckpointError) as err:  # checkable only against the model/tokenizer on disk
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     except TrainingDiverged as err:

@@ -167,10 +167,11 @@ def _strip_optional(t):
 def coerce(value: Any, t: Any, key: str) -> Any:
     """``value`` (from YAML or a string override) as type ``t``; ConfigError naming ``key`` otherwise."""
     t, optional = _strip_optional(t)
+    # checked before the str case too: ``model.path=null`` must unset a recipe's path, not name "null"
+    if optional and isinstance(value, str) and value.strip().lower() in ("none", "null", "~", ""):
+        return None
     if isinstance(value, str) and t is not str:
         low = value.strip().lower()
-        if optional and low in ("none", "null", "~", ""):
-            return None
         value = yaml.safe_load(value) if low not in ("none", "null") else None
     if value is None:
         if optional:
@@ -295,6 +296,10 @@ def validate(cfg: TrainConfig) -> None:
         bad("data.tasks needs at least one suite with a positive weight")
     if cfg.data.suite_options and (err := suite_options_error(cfg.data)):
         bad(err)
+    if cfg.model.path and cfg.model.grow_from:
+        bad(f"model.path ({cfg.model.path}) and model.grow_from ({cfg.model.grow_from}) are exclusive: grow_from "
+            "builds model.config and copies the checkpoint's layers into it (add model.path=null to a recipe that "
+            "sets a path)")
     if isinstance(cfg, SFTConfig):
         for key in ("full_mask_prob", "t_min", "prefix_prob", "result_mask_prob"):
             if not 0 <= getattr(cfg, key) <= 1:

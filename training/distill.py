@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from dllm.loading import load_model
 
-from .config import DistillConfig, to_dict
+from .config import ConfigError, DistillConfig, to_dict
 from .data import Batch
 from .engine import Trainer
 from .models import export_model, generation_defaults, init_model, load_tokenizer_for
@@ -33,7 +33,8 @@ class DistillTrainer(Trainer):
     def setup_models(self) -> None:
         cfg: DistillConfig = self.cfg
         if not cfg.model.path:
-            raise ValueError("distillation starts from a trained model: set model.path (e.g. tiny)")
+            raise ConfigError("distillation starts from a trained model: set model.path (e.g. tiny; to start "
+                              "from a grown copy of one, grow it with an SFT run first)")
         self.tokenizer = load_tokenizer_for(cfg.model)
         student = init_model(cfg.model, self.tokenizer, attention_policy="block_causal", block_size=cfg.block_size)
         self.teacher = None

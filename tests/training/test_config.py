@@ -24,6 +24,14 @@ def test_yaml_and_overrides_are_typed(tmp_path):
     assert cfg.model.block_size is None and cfg.mask_eps == 0.01
 
 
+def test_null_unsets_an_optional_string(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model:\n  path: runs/x/final\n  tokenizer: tok\n")
+    cfg = load_config(SFTConfig, recipe, ["model.path=null", "model.tokenizer=None"])
+    assert cfg.model.path is None and cfg.model.tokenizer is None
+    assert load_config(SFTConfig, recipe, ["model.path=nullx"]).model.path == "nullx"
+
+
 def test_yaml_scientific_notation_without_dot(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("optim:\n  lr: 5e-6\n")  # YAML reads this as a string; the field type wins

@@ -173,3 +173,16 @@ def test_result_mask_run_and_a_bad_trigger_is_a_clean_cli_error(tmp_path):
     res = CliRunner().invoke(train_app, ["sft", *bad])
     assert res.exit_code == 2 and "no trigger tokens" in res.output, res.output
     assert not (tmp_path / "bad" / "final").exists()
+
+
+def test_missing_checkpoint_and_distill_without_path_are_clean_cli_errors(tmp_path):
+    from typer.testing import CliRunner
+
+    from training.cli import train_app
+
+    over = micro_overrides(tmp_path / "run", **{"model.path": str(tmp_path / "no-such-model")})
+    res = CliRunner().invoke(train_app, ["sft", *over])
+    assert res.exit_code == 2 and "no-such-model" in res.output and "Traceback" not in res.output, res.output
+    res = CliRunner().invoke(train_app, ["distill", "--config", str(REPO / "recipes" / "smoke-distill.yaml"),
+                                         "model.path=null", f"run_dir={tmp_path / 'd'}"])
+    assert res.exit_code == 2 and "set model.path" in res.output, res.output

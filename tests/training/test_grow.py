@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dllm.testing import tiny_dream, tiny_llada
-from training.config import SFTConfig, load_config
+from training.config import ConfigError, SFTConfig, load_config
 from training.models import grow_depth
 from training.sft import SFTTrainer
 
@@ -100,7 +100,10 @@ def test_sft_run_grows_a_checkpoint(tmp_path):
 
 
 def test_path_and_grow_from_are_exclusive(tmp_path):
+    # caught when the config is read, before any checkpoint is resolved
+    with pytest.raises(ConfigError, match="exclusive.*model.path=null"):
+        load_config(SFTConfig, None, micro_overrides(tmp_path / "x", **{"model.grow_from": "tiny",
+                                                                        "model.path": "tiny"}))
     cfg = load_config(SFTConfig, None, micro_overrides(tmp_path / "x", **{"model.grow_from": "tiny",
-                                                                          "model.path": "tiny"}))
-    with pytest.raises(ValueError, match="exclusive"):
-        SFTTrainer(cfg).setup_models()
+                                                                          "model.path": "null"}))
+    assert cfg.model.path is None and cfg.model.grow_from == "tiny"
