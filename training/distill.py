@@ -32,9 +32,9 @@ class DistillTrainer(Trainer):
 
     def setup_models(self) -> None:
         cfg: DistillConfig = self.cfg
-        if not cfg.model.path:
-            raise ConfigError("distillation starts from a trained model: set model.path (e.g. tiny; to start "
-                              "from a grown copy of one, grow it with an SFT run first)")
+        if not (cfg.model.path or cfg.model.grow_from):
+            raise ConfigError("distillation starts from a trained model: set model.path (e.g. tiny), or "
+                              "model.grow_from with a model.config to grow it into")
         self.tokenizer = load_tokenizer_for(cfg.model)
         student = init_model(cfg.model, self.tokenizer, attention_policy="block_causal", block_size=cfg.block_size)
         self.teacher = None

@@ -108,3 +108,22 @@ def test_lora_distill_uses_disabled_adapter_as_teacher(tmp_path, teacher_dir):
     base = load_model(teacher_dir)
     n_trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     assert 0 < n_trainable < sum(p.numel() for p in base.parameters()) / 2
+
+
+def test_distill_student_grown_from_a_checkpoint(tmp_path, teacher_dir):
+    from dllm.loading import load_model
+
+    wide = dict(MICRO_MODEL, mlp_hidden_size=96)
+    over = _overrides(tmp_path, teacher_dir, teacher=str(teacher_dir), max_steps=1, **{
+        "model.path": "null", "model.grow_from": str(teacher_dir),
+        "model.config": "{" + ", ".join(f"{k}: {v}" for k, v in wide.items()) + "}"})
+    trainer = DistillTrainer(load_config(DistillConfig, None, over))
+    trainer.setup_models()
+    assert trainer.model.is_block_causal and trainer.model.config.mlp_hidden_size == 96
+    src = load_model(str(teacher_dir)).model.transformer.blocks[0]
+    block = trainer.model.model.transformer.blocks[0]
+    assert torch.equal(block.ff_proj.weight[:64], src.ff_proj.weight) and not block.ff_out.weight[:, 64:].any()
+    result = DistillTrainer(load_config(DistillConfig, None, over)).run()
+    assert result.status == "finished"
+    conf = json.loads((tmp_path / "run" / "final" / "config.json").read_text())
+    assert conf["mlp_hidden_size"] == 96 and conf["attention_policy"] == "block_causal"

@@ -185,4 +185,4 @@ def test_missing_checkpoint_and_distill_without_path_are_clean_cli_errors(tmp_pa
     assert res.exit_code == 2 and "no-such-model" in res.output and "Traceback" not in res.output, res.output
     res = CliRunner().invoke(train_app, ["distill", "--config", str(REPO / "recipes" / "smoke-distill.yaml"),
                                          "model.path=null", f"run_dir={tmp_path / 'd'}"])
-    assert res.exit_code == 2 and "set model.path" in res.output, res.output
+    assert res.exit_code == 2 and "model.grow_from" in res.output, res.output
