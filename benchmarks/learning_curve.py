@@ -4,8 +4,9 @@
 
 Each phase's run wrote `eval.csv` (greedy accuracy on 32 test problems per suite every 500-1000
 steps; the folders under `recipes/resume/`). Phases 1-6 were resumed from checkpoints, so their
-steps are already global; phases 7-11 started from exported weights and count from 0, so they are
-shifted by the SFT steps before them. Between phases 8 and 9 lie 405 steps of accuracy GRPO, which
+steps are already global; phases 7-17 started from exported weights and count from 0, so they are
+shifted by the SFT steps before them. Phase 16 trained and evaluated countdown only, so the other
+suites have no points there. Between phases 8 and 9 lie 405 steps of accuracy GRPO, which
 are not SFT steps and not on the axis (the dashed line at step 32500 marks both the GRPO stage and
 the re-warmed lr). n=32 is a noisy sample (one problem is 3 points): read the trend, and the model
 card's n=200 tables for the level.
@@ -35,9 +36,23 @@ PHASES: tuple[tuple[str, int], ...] = (
     # phase 11: two list-weighted runs of 2000 steps (session 15)
     ("tiny-sft-lists-s15", 45500),
     ("tiny-sft-lists2-s15", 47500),
+    # phases 12-13: two countdown-weighted runs of 2000 steps (session 16)
+    ("tiny-sft-cd-s16/eval-1.csv", 49500),
+    ("tiny-sft-cd-s16/eval-2.csv", 51500),
+    # phase 14: the MLP grown 3x, 3000 steps (session 18); phase 15: 4000 steps with token
+    # reweighting (session 19)
+    ("tiny-sft-cd-wide-s18/eval.csv", 53500),
+    ("tiny-sft-cd-wide-s18/eval-s19-tw1.csv", 56500),
+    # phase 16: countdown-only SFT, 2400 + 1200 steps (session 21; the other suites were not evaluated)
+    ("tiny-sft-cd-wide-s18/eval-s21-solo1.csv", 60500),
+    ("tiny-sft-cd-solo-s21/eval.csv", 62900),
+    # phase 17: a mixed phase with countdown weighted 12 (session 22; bundled since session 23)
+    ("tiny-sft-cd-mix-s22/eval.csv", 64100),
 )
 # the issue's vanilla-decoding bars per suite (lists and arith name only some categories, so they
 # are drawn for orientation)
+# phase 16 trained countdown only; the other suites' lines cross it without points
+COUNTDOWN_ONLY = (60500, 64100)
 BARS = {"sudoku": 80.0, "gsm": 85.0, "countdown": 50.0, "lists": 98.0, "arith": 97.0}
 SUITES = ("arith", "lists", "gsm", "sudoku", "countdown")
 
@@ -78,6 +93,7 @@ def plot(rows: list[dict[str, float]], out: Path) -> None:
     for _, offset in PHASES:
         if offset:
             ax.axvline(offset, color="grey", linewidth=0.8, linestyle="--")
+    ax.axvspan(*COUNTDOWN_ONLY, color="grey", alpha=0.12, label="countdown-only SFT")
     ax.set_xlabel("optimizer step (64 examples each)")
     ax.set_ylabel("greedy accuracy, 32 test problems per suite (%)")
     ax.set_title("bundled tiny: held-out accuracy per suite; dotted: the issue's bars; dashed: lr re-warmed (32500: after GRPO)")
@@ -97,7 +113,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     plot(rows, Path(args.out))
     first, last = rows[0], rows[-1]
     print(f"{len(rows)} points, steps {first['step']:.0f}-{last['step']:.0f}; last: "
-          + ", ".join(f"{s} {last[s]:.0f}%" for s in SUITES) + f"; wrote {args.out}")
+          + ", ".join(f"{s} {last[s]:.0f}%" for s in SUITES if s in last) + f"; wrote {args.out}")
     return rows
 
 

@@ -8,11 +8,15 @@ def test_the_committed_phases_stitch_in_order(load_benchmark):
     rows = lc.stitch()
     steps = [r["step"] for r in rows]
     assert steps == sorted(steps) and len(set(steps)) == len(steps)
-    assert steps[0] == 1000 and steps[-1] == 49500  # phases 7-11 shifted behind step 28000
+    assert steps[0] == 1000 and steps[-1] == 66500  # phases 7-17 shifted behind step 28000
     assert 28500 in steps and 31500 in steps and 33500 in steps and 36500 in steps
     assert 41500 in steps and 46000 in steps and 48000 in steps
-    assert all(set(lc.SUITES) <= set(r) for r in rows)
-    assert all(0.0 <= r[s] <= 100.0 for r in rows for s in lc.SUITES)
+    assert 50000 in steps and 57000 in steps and 62900 in steps and 64100 in steps
+    # phase 16 (steps 60500-64100) trained and evaluated countdown only
+    only_cd = [r for r in rows if 60500 < r["step"] <= 64100]
+    assert len(only_cd) == 8 and all(set(r) == {"step", "countdown"} for r in only_cd)
+    assert all(set(lc.SUITES) <= set(r) for r in rows if r not in only_cd)
+    assert all(0.0 <= r[s] <= 100.0 for r in rows for s in lc.SUITES if s in r)
 
 
 def test_an_offset_that_goes_back_in_steps_is_refused(load_benchmark, tmp_path):
@@ -35,4 +39,4 @@ def test_main_writes_the_plot(run_benchmark, tmp_path):
     out = tmp_path / "curve.png"
     rows = run_benchmark("learning_curve", ["--out", str(out)])
     assert out.is_file() and out.stat().st_size > 10_000
-    assert rows[-1]["step"] == 49500
+    assert rows[-1]["step"] == 66500
