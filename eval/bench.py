@@ -186,8 +186,10 @@ def run_bench(
     finally:
         if bar is not None:
             bar.stop()
-    return summarise(stats, model_name=getattr(model.config, "_name_or_path", "?"), suites=suites, n=n,
-                     batch_size=batch_size)
+    report = summarise(stats, model_name=getattr(model.config, "_name_or_path", "?"), suites=suites, n=n,
+                       batch_size=batch_size)
+    report["seed"] = seed  # which held-out sample: seed 0 is the one every published table uses
+    return report
 
 
 def summarise(stats: list[MethodStats], *, model_name: str, suites: str, n: int, batch_size: int) -> dict:

@@ -65,7 +65,7 @@ def bench(
         m = load_model(path, dtype=dtype, device=device)
         tok = load_tokenizer_for(path)
         report = run_bench(m, tok, suites=suite, methods=methods, n=n, batch_size=batch_size,
-                           base_overrides=overrides, progress=not no_progress)
+                           seed=seed, base_overrides=overrides, progress=not no_progress)
     except (BenchSpecError, CheckpointError, GenerationConfigError, StrategyError, ValueError) as err:
         fail(str(err))
         return

@@ -81,6 +81,31 @@ def test_bench_cli_end_to_end(ckpt, tmp_path):
     assert res.exit_code == 0 and "category" in res.output and "lists" in res.output.split("category")[1]
 
 
+def test_bench_cli_seed_selects_another_held_out_sample(ckpt, tmp_path, monkeypatch):
+    """--seed reaches the sampler (it was once accepted and ignored) and is recorded in the JSON."""
+    from dllm.cli import _mount_subcommands, app
+    from eval.tasks import base
+
+    _mount_subcommands()
+    drawn = []
+    real = base.TaskSuite.examples
+
+    def spy(self, split, n, seed=0):
+        out = real(self, split, n, seed=seed)
+        drawn.append((seed, [e.id for e in out]))
+        return out
+
+    monkeypatch.setattr(base.TaskSuite, "examples", spy)
+    for seed in (0, 3):
+        out = tmp_path / f"s{seed}.json"
+        res = CliRunner().invoke(app, ["bench", "--model", str(ckpt), "--suite", "arith", "--n", "2", "--strategies",
+                                       "vanilla", "--seed", str(seed), "--json", str(out), "--no-progress"])
+        assert res.exit_code == 0, res.output
+        assert json.loads(out.read_text())["seed"] == seed
+    assert [s for s, _ in drawn] == [0, 3]
+    assert drawn[0][1] != drawn[1][1] and all(i.startswith("arith-test-s3-") for i in drawn[1][1])
+
+
 def test_suite_categories():
     from eval.bench import _natural
     from eval.tasks import get_suite
