@@ -186,13 +186,11 @@ def run_bench(
     finally:
         if bar is not None:
             bar.stop()
-    report = summarise(stats, model_name=getattr(model.config, "_name_or_path", "?"), suites=suites, n=n,
-                       batch_size=batch_size)
-    report["seed"] = seed  # which held-out sample: seed 0 is the one every published table uses
-    return report
+    return summarise(stats, model_name=getattr(model.config, "_name_or_path", "?"), suites=suites, n=n,
+                     seed=seed, batch_size=batch_size)
 
 
-def summarise(stats: list[MethodStats], *, model_name: str, suites: str, n: int, batch_size: int) -> dict:
+def summarise(stats: list[MethodStats], *, model_name: str, suites: str, n: int, seed: int, batch_size: int) -> dict:
     rows = []
     for st in stats:
         acc = 100.0 * st.correct / max(1, st.total)
@@ -229,6 +227,7 @@ def summarise(stats: list[MethodStats], *, model_name: str, suites: str, n: int,
         "model": model_name,
         "suite": suites,
         "n": n,
+        "seed": seed,  # which held-out sample; every published table is seed 0
         "batch_size": batch_size,
         "machine": machine_info(),
         "results": rows,
