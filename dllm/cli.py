@@ -138,7 +138,16 @@ def lm_eval_command(ctx: typer.Context) -> None:
     except ImportError as err:
         _fail(str(err))
         return
-    lm_eval_main(list(ctx.args))
+    from decoding.registry import StrategyError
+    from dllm.generation.config import GenerationConfigError
+    from dllm.loading import CheckpointError
+
+    # lm-eval reports a user's mistakes (unknown task or model name) as ValueError, and so do our
+    # model_args checks: one line each, not a traceback.
+    try:
+        lm_eval_main(list(ctx.args))
+    except (CheckpointError, GenerationConfigError, StrategyError, ValueError) as err:
+        _fail(str(err))
 
 
 def main() -> None:

@@ -66,3 +66,24 @@ def test_lm_eval_cli_on_local_tasks(ckpt, tmp_path, monkeypatch):
     results = json.loads(files[0].read_text())["results"]
     assert "exact_match,none" in results["dllm_local_gen"]
     assert 0.0 <= results["dllm_local_mc"]["acc,none"] <= 1.0
+
+
+@pytest.mark.parametrize("model_args,tasks,msg", [
+    ("pretrained=/no/such/dir", "dllm_local_gen", "neither a bundled name"),
+    ("pretrained={ckpt},strategy=warp", "dllm_local_gen", "unknown strategy 'warp'"),
+    ("pretrained={ckpt},no_such_arg=1", "dllm_local_gen", "unknown dllm model_args"),
+    ("pretrained={ckpt}", "no_such_task", "Tasks not found"),
+])
+def test_dllm_lm_eval_user_errors_are_one_line(ckpt, monkeypatch, model_args, tasks, msg):
+    from typer.testing import CliRunner
+
+    from dllm.cli import _mount_subcommands, app
+
+    d, _, _ = ckpt
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _mount_subcommands()
+    r = CliRunner().invoke(app, ["lm-eval", "--model", "dllm", "--model_args", model_args.format(ckpt=f"{d}/ckpt"),
+                                 "--tasks", tasks, "--include_path", str(d / "tasks")])
+    assert r.exit_code == 2, r.output
+    assert msg in r.output and "Traceback" not in r.output
