@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+_PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg")
+
 
 def bench(
     model: str = typer.Option("tiny-d2f", "--model", "-m", help="tiny, tiny-d2f, or a checkpoint directory."),
@@ -54,6 +56,17 @@ def bench(
         fail("--n must be >= 1")
     if batch_size < 1:
         fail("--batch-size must be >= 1")
+    if plot is not None and plot.suffix.lstrip(".").lower() not in _PLOT_FORMATS:
+        fail(f"--plot {plot}: unknown image format {plot.suffix or '(none)'!r}; use one of: {', '.join(_PLOT_FORMATS)}")
+    for out in (json_out, plot):  # before the run: a report that cannot be written is lost with it
+        if out is None:
+            continue
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            fail(f"cannot create the folder of {out}: {err.strerror or err}")
+        if out.is_dir():
+            fail(f"{out} is a folder; give a file name")
     from dllm.cli import _quiet_transformers
 
     _quiet_transformers()

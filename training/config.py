@@ -291,6 +291,10 @@ def validate(cfg: TrainConfig) -> None:
         bad(f"data.eos_pad={cfg.data.eos_pad!r}; valid: fixed, random")
     if cfg.data.mix not in ("per_batch", "per_example"):
         bad(f"data.mix={cfg.data.mix!r}; valid: per_batch, per_example")
+    from eval.tasks import suite_names
+
+    if unknown := sorted(set(cfg.data.tasks) - set(suite_names())):
+        bad(f"data.tasks names unknown suites {unknown}; valid suites: {', '.join(suite_names())}")
     if not cfg.data.tasks or any(float(w) < 0 for w in cfg.data.tasks.values()) or \
             sum(float(w) for w in cfg.data.tasks.values()) <= 0:
         bad("data.tasks needs at least one suite with a positive weight")

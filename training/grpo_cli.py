@@ -58,6 +58,11 @@ _THREADS = typer.Option(2, "--threads")
 _OUT = typer.Option(Path("docs/results/grpo-tiny"), "--out", help="writes report.json, report.md, curves.png")
 
 
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
 def grpo_report(
     trained: Path = _TRAINED,
     base: str = _BASE,
@@ -76,7 +81,9 @@ def grpo_report(
     import torch
     import yaml
 
-    from dllm.loading import load_model, resolve_model_path
+    from decoding.registry import StrategyError
+    from dllm.generation.config import GenerationConfigError
+    from dllm.loading import CheckpointError, load_model, resolve_model_path
     from dllm.tokenization import load_tokenizer
 
     from .rollouts import evaluate_decoding
@@ -91,24 +98,34 @@ def grpo_report(
     tasks = info.get("data", {}).get("tasks", {})
     suite_list = suites.split(",") if suites else [k for k, v in tasks.items() if float(v) > 0] or ["arith"]
     g = max_new_tokens or info.get("data", {}).get("max_new_tokens") or 64
-    tok = load_tokenizer(resolve_model_path(trained))
-    rows: dict = {}
-    for label, path in (("base", base), ("grpo", str(trained))):
-        model = load_model(path)
-        block = info.get("rollout", {}).get("block_length")
-        if block is None:
-            block = model.spec.block_size if model.is_block_causal else model.diffusion_generation_config.block_length
-        if block and g % block:
-            block = None
-        for strategy in [s.strip() for s in strategies.split(",") if s.strip()]:
-            cfg = model.diffusion_generation_config.replace(
-                strategy=strategy, temperature=0.0, max_new_tokens=g, block_length=block,
-                stop_at_eos=True, mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
-                **({"skip_threshold": threshold} if strategy == "d2f" else {"threshold": threshold}))
-            rows[(label, strategy)] = evaluate_decoding(model, tok, suite_list, n, cfg)
-            typer.echo(f"{label:5s} {strategy:10s} acc {rows[(label, strategy)]['acc']:.3f} "
-                       f"tpf {rows[(label, strategy)]['tpf']:.3f}", err=True)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        resolve_model_path(trained), resolve_model_path(base)
+    except CheckpointError as err:
+        _fail(str(err))
+    try:  # before the evaluation: a report that cannot be written is lost with it
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        _fail(f"cannot create {out}: {err.strerror or err}")
+    try:
+        tok = load_tokenizer(resolve_model_path(trained))
+        rows: dict = {}
+        for label, path in (("base", base), ("grpo", str(trained))):
+            model = load_model(path)
+            block = info.get("rollout", {}).get("block_length")
+            if block is None:
+                block = model.spec.block_size if model.is_block_causal else model.diffusion_generation_config.block_length
+            if block and g % block:
+                block = None
+            for strategy in [s.strip() for s in strategies.split(",") if s.strip()]:
+                cfg = model.diffusion_generation_config.replace(
+                    strategy=strategy, temperature=0.0, max_new_tokens=g, block_length=block,
+                    stop_at_eos=True, mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
+                    **({"skip_threshold": threshold} if strategy == "d2f" else {"threshold": threshold}))
+                rows[(label, strategy)] = evaluate_decoding(model, tok, suite_list, n, cfg)
+                typer.echo(f"{label:5s} {strategy:10s} acc {rows[(label, strategy)]['acc']:.3f} "
+                           f"tpf {rows[(label, strategy)]['tpf']:.3f}", err=True)
+    except (CheckpointError, GenerationConfigError, StrategyError, ValueError) as err:
+        _fail(str(err))
     lines = [(f"Held-out test prompts: {', '.join(suite_list)} ({n} each), greedy, max_new_tokens={g}, "
               f"threshold={threshold}."), "",
              "| decoder | model | accuracy | mean TPF | TPF (Σtokens/Σforwards) | TPF x | Δacc (points) |",

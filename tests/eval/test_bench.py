@@ -131,3 +131,23 @@ def test_bench_cli_user_errors(ckpt):
     assert r.exit_code == 2 and "poetry" in r.output
     r = CliRunner().invoke(app, ["bench", "--model", "/nonexistent", "--n", "1"])
     assert r.exit_code == 2 and "neither a bundled name" in r.output
+
+
+def test_bench_cli_output_paths_are_checked_before_the_run(ckpt, tmp_path):
+    from dllm.cli import _mount_subcommands, app
+
+    _mount_subcommands()
+    base = ["bench", "--model", str(ckpt), "--suite", "arith", "--n", "1", "--strategies", "vanilla", "--no-progress"]
+    r = CliRunner().invoke(app, base + ["--plot", str(tmp_path / "p.xyz")])
+    assert r.exit_code == 2 and "unknown image format '.xyz'" in r.output and "arith" not in r.output
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = CliRunner().invoke(app, base + ["--json", str(blocker / "out.json")])
+    assert r.exit_code == 2 and "cannot create the folder" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(app, base + ["--json", str(tmp_path)])
+    assert r.exit_code == 2 and "is a folder" in r.output
+    # a folder that does not exist yet is created, so the run's report is not lost
+    out = tmp_path / "new" / "deeper" / "r.json"
+    r = CliRunner().invoke(app, base + ["--json", str(out), "--plot", str(out.with_suffix(".png"))])
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["n"] == 1 and out.with_suffix(".png").stat().st_size > 1000

@@ -296,6 +296,21 @@ def test_report_before_after_and_curves(ckpt, tmp_path):
     assert (out / "curves.png").stat().st_size > 1000
 
 
+def test_report_user_errors_are_one_line(ckpt, tmp_path):
+    from typer.testing import CliRunner
+
+    from dllm.cli import _mount_subcommands, app
+
+    _mount_subcommands()
+    out = tmp_path / "report"
+    r = CliRunner().invoke(app, ["train", "grpo-report", str(tmp_path / "missing"), "--out", str(out)])
+    assert r.exit_code == 2 and "neither a bundled name" in r.output and not out.exists()
+    for args, msg in [(["--strategies", "warp"], "unknown strategy 'warp'"), (["--suites", "poetry"], "unknown suite")]:
+        r = CliRunner().invoke(app, ["train", "grpo-report", str(ckpt), "--base", str(ckpt), "--n", "1",
+                                           "--out", str(out), *args])
+        assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output, r.output
+
+
 @pytest.mark.parametrize("name", ["smoke-grpo", "grpo-tiny", "grpo-8b", "grpo-tiny-acc"])
 def test_recipes_load(name):
     cfg = load_grpo_config(REPO / "recipes" / f"{name}.yaml")
