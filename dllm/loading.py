@@ -75,6 +75,24 @@ def check_checkpoint_dir(path: Path, allow_pickle: bool = False) -> dict:
     return config
 
 
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a torch.device that exists here; CheckpointError (one clear line) if it does not."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise CheckpointError(f"device={str(device)!r} is not a torch device; e.g. cpu, cuda, cuda:1, mps") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            build = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise CheckpointError(f"device={str(device)!r}: {build}; use device='cpu'")
+        if dev.index is not None and dev.index >= count:
+            raise CheckpointError(f"device={str(device)!r}: only {count} CUDA device(s) here (cuda:0..cuda:{count - 1})")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise CheckpointError(f"device={str(device)!r}: MPS is not available here; use device='cpu'")
+    return dev
+
+
 def load_model(
     name_or_path: str | Path,
     *,
@@ -97,6 +115,8 @@ def load_model(
 
     path = resolve_model_path(name_or_path)
     check_checkpoint_dir(path, allow_pickle=allow_pickle)
+    if device is not None:
+        check_device(device)
     kwargs: dict = {"use_safetensors": not allow_pickle or None}
     if isinstance(dtype, str):
         if dtype not in DTYPES:

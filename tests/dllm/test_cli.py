@@ -39,6 +39,7 @@ def test_generate_text_and_status_line(ckpt):
     (["--strategy", "d2f"], "needs a block-causal model"),
     (["--threshold", "2"], "threshold must be in [0, 1]"),
     (["--model", "/no/such/dir"], "neither a bundled name"),
+    (["--device", "tpu"], "is not a torch device"),
 ])
 def test_generate_user_errors_are_clear(ckpt, args, msg):
     base = ["generate", "hi", "--model", str(ckpt)]

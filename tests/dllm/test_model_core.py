@@ -7,7 +7,7 @@ import torch
 from transformers import AutoConfig, AutoModel
 
 import dllm
-from dllm.loading import CheckpointError, load_model, require_mask_token
+from dllm.loading import CheckpointError, check_device, load_model, require_mask_token
 from dllm.modeling import block_ids, build_attention_mask
 from dllm.testing import EOS, MASK, PAD, tiny_dream, tiny_llada
 
@@ -306,6 +306,17 @@ def test_broken_checkpoint_dirs_fail_clearly(tmp_path):
     next(sharded.glob("model-0000*-of-*.safetensors")).unlink()
     with pytest.raises(CheckpointError, match="shards listed in the index are missing"):
         load_model(sharded)
+
+
+def test_unusable_devices_fail_before_loading(tmp_path):
+    tiny_llada().save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match="'tpu' is not a torch device"):
+        load_model(tmp_path, device="tpu")
+    n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(CheckpointError, match="cuda:7" if n_cuda else "no CUDA"):
+        load_model(tmp_path, device="cuda:7" if n_cuda else "cuda")
+    assert check_device("cpu") == torch.device("cpu")
+    assert next(load_model(tmp_path, device="cpu").parameters()).device.type == "cpu"
 
 
 def test_missing_mask_token_error_names_the_fix():
