@@ -12,6 +12,27 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be bound now, or None. uvicorn sets SO_REUSEADDR too, so a port in
+    TIME_WAIT is no obstacle for either."""
+    import socket
+
+    if port == 0:
+        return None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        return f"unknown host ({err.strerror})"
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as err:
+            return err.strerror or str(err)
+    return None
+
+
 def serve(
     model: str = typer.Option("tiny-d2f", "--model", "-m", help="tiny, tiny-d2f, or a local checkpoint directory."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind (loopback by default; 0.0.0.0 exposes it)."),
@@ -71,6 +92,9 @@ def serve(
                                   device=device, num_threads=num_threads)
     except ValueError as err:
         _fail(str(err))
+        return
+    if reason := _cannot_listen(host, port):  # before the model loads: that can take minutes for a 7B
+        _fail(f"cannot listen on {host}:{port}: {reason} (is another server running? choose another --port)")
         return
     remote = None
     if engine_process:

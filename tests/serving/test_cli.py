@@ -42,6 +42,11 @@ def test_startup_errors_are_clear(ckpt, monkeypatch):
     assert r.exit_code == 2 and "neither a bundled name" in r.output and "Traceback" not in r.output
     r = CliRunner().invoke(_app(), ["serve", "--model", str(ckpt), "--max-batch-size", "0"])
     assert r.exit_code == 2 and "max_batch_size" in r.output
+    busy = free_socket()
+    busy.listen()  # a listening socket: the port is taken
+    r = CliRunner().invoke(_app(), ["serve", "--model", str(ckpt), "--port", str(busy.getsockname()[1])])
+    busy.close()
+    assert r.exit_code == 2 and "cannot listen on 127.0.0.1" in r.output and "Traceback" not in r.output
     # without the decoding executor, --branch-parallel N > 1 refuses to start (never silently single-process)
     monkeypatch.setattr(branch, "MODULE", "decoding.no_such_executor")
     r = CliRunner().invoke(_app(), ["serve", "--model", str(ckpt), "--branch-parallel", "2"])
