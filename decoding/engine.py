@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 
@@ -34,8 +35,18 @@ def generate(
     streamer=None,
     tokenizer=None,
 ) -> DiffusionGenerateOutput:
-    if not torch.is_tensor(input_ids) or input_ids.dim() != 2 or input_ids.shape[1] == 0:
-        raise GenerationConfigError("input_ids must be a non-empty LongTensor of shape [batch, prompt_length]")
+    if not torch.is_tensor(input_ids) or input_ids.dim() != 2 or input_ids.shape[1] == 0 \
+            or input_ids.dtype not in (torch.int64, torch.int32):
+        got = f"{input_ids.dtype} of shape {tuple(input_ids.shape)}" if torch.is_tensor(input_ids) else type(input_ids).__name__
+        raise GenerationConfigError(f"input_ids must be a non-empty LongTensor of shape [batch, prompt_length]; got {got}")
+    vocab = model.get_input_embeddings().num_embeddings
+    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+        raise GenerationConfigError(f"input_ids hold ids outside the model's vocabulary [0, {vocab}): "
+                                    f"min {int(input_ids.min())}, max {int(input_ids.max())} (another model's tokenizer?)")
+    limit = getattr(model.config, "max_sequence_length", None) or getattr(model.config, "max_position_embeddings", None)
+    if limit and input_ids.shape[1] + cfg.max_new_tokens > limit:
+        warnings.warn(f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the "
+                      f"model's context length ({limit}); answers past it are unreliable", stacklevel=3)
     if attention_mask is not None:
         if attention_mask.shape != input_ids.shape:
             raise GenerationConfigError(

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .generation.config import DiffusionGenerationConfig
+from .generation.config import DiffusionGenerationConfig, GenerationConfigError
 
 
 @dataclass
@@ -75,7 +75,12 @@ def generate_text(
 ) -> list[TextResult]:
     """Generate completions for text prompts; one :class:`TextResult` per prompt."""
     single = isinstance(prompts, str)
+    if not single and (not isinstance(prompts, (list, tuple)) or not all(isinstance(x, str) for x in prompts)):
+        raise GenerationConfigError(f"prompts must be a str or a list of str, got {type(prompts).__name__}"
+                                    + ("" if not isinstance(prompts, (list, tuple)) else " with non-str items"))
     prompts = [prompts] if single else list(prompts)
+    if not prompts:
+        return []
     input_ids, mask = encode_prompts(tokenizer, prompts, chat=chat)
     cfg = generation_config or model.diffusion_generation_config
     cfg = cfg.replace(return_dict_in_generate=True, **overrides)

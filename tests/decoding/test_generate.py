@@ -242,6 +242,14 @@ def test_invalid_configs_raise_clear_errors(model):
         model.generate(_prompt(), attention_mask=torch.tensor([[1, 1, 1, 1, 1, 1, 0]]))
     with pytest.raises(GenerationConfigError, match="mask token"):
         model.generate(torch.tensor([[1, 2, MASK]]))
+    with pytest.raises(GenerationConfigError, match="LongTensor .* got torch.float32"):
+        model.generate(_prompt().float())
+    vocab = model.get_input_embeddings().num_embeddings
+    with pytest.raises(GenerationConfigError, match=rf"outside the model's vocabulary \[0, {vocab}\)"):
+        model.generate(torch.tensor([[1, 2, vocab]]))
+    short = tiny_llada(max_sequence_length=12)
+    with pytest.warns(UserWarning, match=r"prompt \(7 tokens\) \+ max_new_tokens \(8\) exceeds the model's context length \(12\)"):
+        short.generate(_prompt(), max_new_tokens=8, block_length=8, steps=8)  # a warning: RoPE still runs past it
 
 
 def test_config_json_roundtrip_and_file(tmp_path, model):

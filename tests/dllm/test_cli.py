@@ -64,3 +64,15 @@ def test_generate_branch_parallel_matches_single_process(tmp_path):
     a = json.loads(next(line for line in single.output.splitlines() if line.startswith("{")))
     b = json.loads(next(line for line in multi.output.splitlines() if line.startswith("{")))
     assert (a["text"], a["num_forwards"], a["generated_tokens"]) == (b["text"], b["num_forwards"], b["generated_tokens"])
+
+
+def test_generate_text_rejects_non_text_prompts(ckpt):
+    from dllm import generate_text, load_model, load_tokenizer
+    from dllm.generation import GenerationConfigError
+
+    model, tok = load_model(ckpt), load_tokenizer(ckpt)
+    with pytest.raises(GenerationConfigError, match="a str or a list of str, got int"):
+        generate_text(model, tok, 123)
+    with pytest.raises(GenerationConfigError, match="non-str items"):
+        generate_text(model, tok, ["hi", None])
+    assert generate_text(model, tok, []) == []
