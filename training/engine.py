@@ -26,7 +26,7 @@ import yaml
 from accelerate.utils import DistributedType
 
 from .checkpointing import latest_checkpoint, list_checkpoints, save_checkpoint
-from .config import TrainConfig, to_dict
+from .config import ConfigError, TrainConfig, to_dict
 from .data import Batch, TaskStream
 from .precision import slow_precision_warning
 from .run_log import RunLogger
@@ -110,6 +110,17 @@ class _StopFlag:
         self._old.clear()
 
 
+def make_run_folders(cfg, run_dir: Path) -> None:
+    """Create ``run_dir`` and the export folder's parent now, not after hours of training: a folder
+    that cannot be made is a recipe mistake (ConfigError, one line from the CLI)."""
+    export_dir = Path(cfg.export_dir) if cfg.export_dir else run_dir / "final"
+    for folder, key in ((run_dir, "run_dir"), (export_dir.parent, "export_dir")):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"{key}: cannot create {folder}: {err.strerror or err}") from None
+
+
 class Trainer:
     config_class = TrainConfig
     name = "train"
@@ -168,6 +179,8 @@ class Trainer:
         if self.is_deepspeed:
             self._configure_deepspeed(accelerator)
         main = accelerator.is_main_process
+        if main:
+            make_run_folders(cfg, run_dir)
 
         existing = latest_checkpoint(run_dir)
         if existing is not None and not cfg.resume:

@@ -42,7 +42,7 @@ from .config import (
     to_dict,
     validate,
 )
-from .engine import LRSchedule, RunDirInUse, RunResult, Trainer, _StopFlag
+from .engine import LRSchedule, RunDirInUse, RunResult, Trainer, _StopFlag, make_run_folders
 from .models import export_model, generation_defaults, init_model, load_tokenizer_for
 from .precision import slow_precision_warning
 from .rl_objectives import (
@@ -524,6 +524,8 @@ class GRPOTrainer(Trainer):
                 raise ConfigError("GRPO generates rollouts in-process from the training weights; ZeRO-3 partitions "
                                   "them. Use ZeRO-1/2 (recipes/accelerate/zero2-8gpu.yaml)")
         main = accelerator.is_main_process
+        if main:
+            make_run_folders(cfg, run_dir)
         existing = latest_checkpoint(run_dir)
         if existing is not None and not cfg.resume:
             raise RunDirInUse(f"{run_dir} already has checkpoints (latest {existing.name}); pass --resume "

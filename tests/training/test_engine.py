@@ -186,3 +186,25 @@ def test_missing_checkpoint_and_distill_without_path_are_clean_cli_errors(tmp_pa
     res = CliRunner().invoke(train_app, ["distill", "--config", str(REPO / "recipes" / "smoke-distill.yaml"),
                                          "model.path=null", f"run_dir={tmp_path / 'd'}"])
     assert res.exit_code == 2 and "model.grow_from" in res.output, res.output
+
+
+def test_folders_that_cannot_be_made_fail_before_training(tmp_path):
+    from typer.testing import CliRunner
+
+    from training.cli import train_app
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    res = CliRunner().invoke(train_app, ["sft", *micro_overrides(blocker / "run")])
+    assert res.exit_code == 2 and "run_dir: cannot create" in res.output and "Traceback" not in res.output, res.output
+    over = micro_overrides(tmp_path / "run", export_dir=str(blocker / "final"))
+    res = CliRunner().invoke(train_app, ["sft", *over])
+    assert res.exit_code == 2 and "export_dir: cannot create" in res.output, res.output
+    assert not list((tmp_path / "run").glob("checkpoints/step-*"))  # refused before the first step
+
+
+def test_smoke_recipe_runs_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # its tokenizer is named (tiny), not a path relative to the repository
+    cfg = load_config(SFTConfig, REPO / "recipes" / "smoke-sft.yaml", ["max_steps=1", "num_threads=1",
+                                                                       f"run_dir={tmp_path / 'run'}"])
+    assert SFTTrainer(cfg).run().step == 1
