@@ -56,6 +56,8 @@ def bench(
         fail("--n must be >= 1")
     if batch_size < 1:
         fail("--batch-size must be >= 1")
+    if threads < 1:
+        fail("--threads must be >= 1")
     if plot is not None and plot.suffix.lstrip(".").lower() not in _PLOT_FORMATS:
         fail(f"--plot {plot}: unknown image format {plot.suffix or '(none)'!r}; use one of: {', '.join(_PLOT_FORMATS)}")
     for out in (json_out, plot):  # before the run: a report that cannot be written is lost with it

@@ -74,6 +74,7 @@ class DiffusionGenerationConfig:
             object.__setattr__(self, "stop_strings", (self.stop_strings,) if isinstance(self.stop_strings, str) else tuple(self.stop_strings))
         from decoding.registry import strategy_names  # late: decoding imports this module
 
+        _check_field_types(self)
         names = strategy_names()
         if self.strategy not in names:
             raise GenerationConfigError(f"unknown strategy {self.strategy!r}; valid: {', '.join(names)}")
@@ -183,6 +184,25 @@ class DiffusionGenerationConfig:
             return None
         data = json.loads(path.read_text())
         return cls.from_dict(data[FILE_KEY]) if FILE_KEY in data else None
+
+
+def _check_field_types(cfg: DiffusionGenerationConfig) -> None:
+    """Numbers must be (JSON) numbers and switches bools: a value from a CLI or a JSON file may be a
+    string, and the range checks below would fail with a TypeError instead of naming the field."""
+    for f in dataclasses.fields(cfg):
+        value, kind = getattr(cfg, f.name), str(f.type)
+        if value is None and "None" in kind:
+            continue
+        if kind.startswith("bool"):
+            ok, want = isinstance(value, bool), "true or false"
+        elif kind.startswith("int"):
+            ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+        elif kind.startswith("float"):
+            ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        else:
+            continue
+        if not ok:
+            raise GenerationConfigError(f"{f.name} must be {want}, got {value!r}")
 
 
 def _positive_int(name: str, value: Any) -> None:

@@ -230,6 +230,12 @@ def test_invalid_configs_raise_clear_errors(model):
         DiffusionGenerationConfig(max_new_tokens=10, block_length=4)
     with pytest.raises(GenerationConfigError, match="threshold must be in"):
         DiffusionGenerationConfig(threshold=1.5)
+    for kw, msg in [({"threshold": "0.9"}, "threshold must be a number, got '0.9'"),
+                    ({"max_new_tokens": 64.0}, "max_new_tokens must be an integer"),
+                    ({"stop_at_eos": "no"}, "stop_at_eos must be true or false")]:
+        with pytest.raises(GenerationConfigError, match=msg):  # named, not a TypeError from a comparison
+            DiffusionGenerationConfig(**kw)
+    assert DiffusionGenerationConfig(threshold=1, top_p=None).threshold == 1
     with pytest.raises(GenerationConfigError, match="cache='l2'; valid: none, prefix, dual"):
         DiffusionGenerationConfig(cache="l2")
     with pytest.raises(GenerationConfigError, match="steps=5 must be a multiple"):

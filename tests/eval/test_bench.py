@@ -131,6 +131,11 @@ def test_bench_cli_user_errors(ckpt):
     assert r.exit_code == 2 and "poetry" in r.output
     r = CliRunner().invoke(app, ["bench", "--model", "/nonexistent", "--n", "1"])
     assert r.exit_code == 2 and "neither a bundled name" in r.output
+    r = CliRunner().invoke(app, ["bench", "--model", str(ckpt), "--threads", "0", "--n", "1"])
+    assert r.exit_code == 2 and "--threads must be >= 1" in r.output
+    r = CliRunner().invoke(app, ["bench", "--model", str(ckpt), "--suite", "arith", "--n", "1", "--no-progress",
+                                 "--strategies", "vanilla,threshold", "--sweep", "threshold=high"])
+    assert r.exit_code == 2 and "threshold must be a number, got 'high'" in r.output
 
 
 def test_bench_cli_output_paths_are_checked_before_the_run(ckpt, tmp_path):
