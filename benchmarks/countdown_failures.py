@@ -7,7 +7,10 @@ numbers that misses the target), ``wrong numbers`` (readable, but not the given 
 inexact division), ``wrong step`` (an answer written as steps, ``3 * 5 = 15 , 15 + 7 = 22``, or as
 a chain, ``3 * 5 = 15 + 7 = 22``, with a step whose stated result is false) or ``unreadable``. Right
 answers are split into the canonical reference (as an expression, its steps or its chain) and other
-valid answers, which shows whether a model searches or recalls the canonical form.
+valid answers, which shows whether a model searches or recalls the canonical form. For answers
+written as steps or chains it also counts how many first steps are arithmetically true and how
+many last steps reach the target (``steps`` in the JSON); ``--block-length 1`` decodes strictly
+left to right.
 
     python benchmarks/countdown_failures.py --model tiny --strategy vanilla --n 600
 """
@@ -51,6 +54,31 @@ def is_canonical(score, text: str, reference: str) -> bool:
     return bool(score.details.get("steps")) and line in (render_steps(reference), render_chain(reference))
 
 
+def step_checks(text: str, target: int) -> tuple[bool, bool] | None:
+    """For an answer written as steps or as a chain: (its first step's arithmetic is true, its last
+    step's operation on the operands it wrote reaches the target); None for a plain expression.
+    Tells a model that computes its intermediate values from one that fills them in to make the
+    last step come out."""
+    from eval.tasks.countdown import _STEP_RE, chain_to_steps
+    from eval.tasks.expression import ExpressionValueError, evaluate
+
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return None
+    line = chain_to_steps(lines[0]) or lines[0]
+    steps = [_STEP_RE.match(part) for part in line.split(",")]
+    if not steps or not all(steps):
+        return None
+
+    def value(m) -> int | None:
+        try:
+            return evaluate((m.group(2), int(m.group(1)), int(m.group(3))))
+        except ExpressionValueError:
+            return None
+
+    return value(steps[0]) == int(steps[0].group(4)), value(steps[-1]) == target
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny")
@@ -58,6 +86,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--n", type=int, default=600, help="countdown problems")
     ap.add_argument("--split", choices=("test", "train"), default="test",
                     help="held-out problems (default) or training-split ones, to tell memorising from learning")
+    ap.add_argument("--block-length", type=int, default=None,
+                    help="decoding block length (1: strictly left to right); default: the model's own")
     ap.add_argument("--batch-size", type=int, default=50)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, help="also write the results here")
@@ -84,11 +114,17 @@ def main(argv: list[str] | None = None) -> dict:
         pad_token_id=tok.pad_token_id)
     if args.strategy is not None:
         cfg = cfg.replace(strategy=args.strategy)
+    if args.block_length is not None:
+        try:
+            cfg = cfg.replace(block_length=args.block_length)
+        except ValueError as err:
+            raise SystemExit(f"--block-length: {err}") from None
     suite = get_suite("countdown")
     examples = list(suite.examples(args.split, args.n))
     kinds: Counter[str] = Counter()
     right_form: Counter[str] = Counter()
     by_shape: dict[str, list[int]] = {}
+    steps: Counter[str] = Counter()
     for start in range(0, len(examples), args.batch_size):
         batch = examples[start:start + args.batch_size]
         with torch.no_grad():
@@ -100,19 +136,29 @@ def main(argv: list[str] | None = None) -> dict:
             kinds[kind] += 1
             if score.correct:
                 right_form["canonical" if is_canonical(score, text, ex.answer) else "other"] += 1
+            if (checks := step_checks(text, ex.meta["target"])) is not None:
+                steps["answers"] += 1
+                steps["first step true"] += checks[0]
+                steps["last step reaches target"] += checks[1]
             cell = by_shape.setdefault(shape(ex.answer), [0, 0])
             cell[0] += score.correct
             cell[1] += 1
     shapes = {s: {"correct": c, "n": m} for s, (c, m) in sorted(by_shape.items(), key=lambda kv: -kv[1][1])}
-    print(f"model={args.model} strategy={cfg.strategy} split={args.split} n={len(examples)} torch_threads={torch.get_num_threads()}")
+    print(f"model={args.model} strategy={cfg.strategy} block_length={cfg.block_length} split={args.split} "
+          f"n={len(examples)} torch_threads={torch.get_num_threads()}")
     for k in KINDS:
         print(f"  {k:<15}{kinds[k]:>5}")
     print(f"  right answers: {right_form['canonical']} canonical, {right_form['other']} other valid")
+    if steps["answers"]:
+        print(f"  answers as steps/chains: {steps['answers']}; first step true {steps['first step true']}, "
+              f"last step reaches the target {steps['last step reaches target']}")
     for s, v in shapes.items():
         print(f"  {s:<22}{v['correct']:>4}/{v['n']:<4}{100 * v['correct'] / v['n']:6.1f}%")
-    result = {"model": args.model, "strategy": cfg.strategy, "split": args.split, "n": len(examples),
+    result = {"model": args.model, "strategy": cfg.strategy, "block_length": cfg.block_length,
+              "split": args.split, "n": len(examples),
               "torch_threads": torch.get_num_threads(), "counts": {k: kinds[k] for k in KINDS},
               "right_answers": {"canonical": right_form["canonical"], "other": right_form["other"]},
+              "steps": {k: steps[k] for k in ("answers", "first step true", "last step reaches target")},
               "by_shape": shapes}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

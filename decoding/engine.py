@@ -35,14 +35,15 @@ def generate(
     streamer=None,
     tokenizer=None,
 ) -> DiffusionGenerateOutput:
-    if not torch.is_tensor(input_ids) or input_ids.dim() != 2 or input_ids.shape[1] == 0 \
+    if not torch.is_tensor(input_ids) or input_ids.dim() != 2 or 0 in input_ids.shape \
             or input_ids.dtype not in (torch.int64, torch.int32):
         got = f"{input_ids.dtype} of shape {tuple(input_ids.shape)}" if torch.is_tensor(input_ids) else type(input_ids).__name__
         raise GenerationConfigError(f"input_ids must be a non-empty LongTensor of shape [batch, prompt_length]; got {got}")
     vocab = model.get_input_embeddings().num_embeddings
-    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+    lo, hi = (int(v) for v in torch.aminmax(input_ids))  # one reduction, once per call
+    if lo < 0 or hi >= vocab:
         raise GenerationConfigError(f"input_ids hold ids outside the model's vocabulary [0, {vocab}): "
-                                    f"min {int(input_ids.min())}, max {int(input_ids.max())} (another model's tokenizer?)")
+                                    f"min {lo}, max {hi} (another model's tokenizer?)")
     limit = getattr(model.config, "max_sequence_length", None) or getattr(model.config, "max_position_embeddings", None)
     if limit and input_ids.shape[1] + cfg.max_new_tokens > limit:
         warnings.warn(f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the "

@@ -58,11 +58,6 @@ _THREADS = typer.Option(2, "--threads")
 _OUT = typer.Option(Path("docs/results/grpo-tiny"), "--out", help="writes report.json, report.md, curves.png")
 
 
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
-
-
 def grpo_report(
     trained: Path = _TRAINED,
     base: str = _BASE,
@@ -82,6 +77,7 @@ def grpo_report(
     import yaml
 
     from decoding.registry import StrategyError
+    from dllm.cli import _fail
     from dllm.generation.config import GenerationConfigError
     from dllm.loading import CheckpointError, load_model, resolve_model_path
     from dllm.tokenization import load_tokenizer
@@ -99,7 +95,7 @@ def grpo_report(
     suite_list = suites.split(",") if suites else [k for k, v in tasks.items() if float(v) > 0] or ["arith"]
     g = max_new_tokens or info.get("data", {}).get("max_new_tokens") or 64
     try:
-        resolve_model_path(trained), resolve_model_path(base)
+        trained_path, base_path = resolve_model_path(trained), resolve_model_path(base)
     except CheckpointError as err:
         _fail(str(err))
     try:  # before the evaluation: a report that cannot be written is lost with it
@@ -107,9 +103,9 @@ def grpo_report(
     except OSError as err:
         _fail(f"cannot create {out}: {err.strerror or err}")
     try:
-        tok = load_tokenizer(resolve_model_path(trained))
+        tok = load_tokenizer(trained_path)
         rows: dict = {}
-        for label, path in (("base", base), ("grpo", str(trained))):
+        for label, path in (("base", base_path), ("grpo", trained_path)):
             model = load_model(path)
             block = info.get("rollout", {}).get("block_length")
             if block is None:

@@ -29,6 +29,15 @@ def test_shape_and_classify(load_benchmark):
     assert cf.classify(suite.score(_ex(), "3 * 7 = 21 + 5")) == "wrong value"
 
 
+def test_step_checks(load_benchmark):
+    cf = load_benchmark("countdown_failures")
+    assert cf.step_checks("3 * 5 + 7", 22) is None  # a plain expression
+    assert cf.step_checks("3 * 5 = 15 , 15 + 7 = 22", 22) == (True, True)
+    assert cf.step_checks("9 * 11 = 71 + 14 = 85", 85) == (False, True)  # filled in backwards from the target
+    assert cf.step_checks("9 * 11 = 99 + 14 = 113", 85) == (True, False)
+    assert cf.step_checks("7 / 2 = 3 + 1 = 4", 4) == (False, True)  # an inexact division is never true
+
+
 def test_canonical_form(load_benchmark):
     cf = load_benchmark("countdown_failures")
     suite = get_suite("countdown")
@@ -45,6 +54,11 @@ def test_counts_add_up(run_benchmark, tmp_path):
     assert sum(result["right_answers"].values()) == result["counts"]["correct"]
     assert sum(v["n"] for v in result["by_shape"].values()) == 6
     assert sum(v["correct"] for v in result["by_shape"].values()) == result["counts"]["correct"]
+    assert result["steps"]["answers"] <= 6 and result["steps"]["first step true"] <= result["steps"]["answers"]
+    assert result["block_length"] == 32  # the bundled model's own
+    with pytest.raises(SystemExit, match="--block-length"):
+        run_benchmark("countdown_failures", ["--n", "1", "--block-length", "7"])
+    assert run_benchmark("countdown_failures", ["--n", "2", "--batch-size", "2", "--block-length", "1"])["block_length"] == 1
 
 
 def test_bad_input_is_a_clear_error(run_benchmark):
