@@ -282,6 +282,11 @@ class CountdownSuite(TaskSuite):
     + and - with that probability and draws again otherwise, so products and quotients make up
     more of the data; 1.0 draws exactly the default problems.
 
+    ``pairs`` (training option, default 0.0) makes that share of the drawn problems two-number
+    ones (``numbers 4 7 target 28 :`` -> ``4 * 7``; any target one operation reaches, up to 400),
+    the single step every three-number answer is built on, so products and quotients are trained
+    on their own; 0.0 draws exactly the default problems. Evaluation never draws pairs.
+
     ``answers="table"`` with ``answer_table=PATH`` (training option) teaches, for each problem the
     table lists, the solving expression it names, and the canonical one otherwise. The problems drawn
     are the default ones (same random stream); only their reference answers change.
@@ -295,7 +300,7 @@ class CountdownSuite(TaskSuite):
     max_answer_tokens = 10  # 6 digits + 2 operators + 2 parentheses
 
     def __init__(self, answers: str = "canonical", keep_additive: float = 1.0,
-                 answer_table: str | None = None) -> None:
+                 answer_table: str | None = None, pairs: float = 0.0) -> None:
         if answers not in ANSWER_MODES:
             raise ValueError(f"unknown answers mode {answers!r}; valid: {', '.join(ANSWER_MODES)}")
         if (answers == "table") != (answer_table is not None):
@@ -304,7 +309,11 @@ class CountdownSuite(TaskSuite):
         if isinstance(keep_additive, bool) or not isinstance(keep_additive, (int, float)) \
                 or not 0.0 < keep_additive <= 1.0:
             raise ValueError(f"keep_additive must be a number in (0, 1], got {keep_additive!r}")
-        self.answers, self.keep_additive = answers, float(keep_additive)
+        if isinstance(pairs, bool) or not isinstance(pairs, (int, float)) or not 0.0 <= pairs < 1.0:
+            raise ValueError(f"pairs must be a number in [0, 1), got {pairs!r}")
+        if pairs and answers not in ("canonical", "steps"):
+            raise ValueError(f"pairs is only for answers canonical or steps, not {answers!r}")
+        self.answers, self.keep_additive, self.pairs = answers, float(keep_additive), float(pairs)
         if answers == "steps":
             # "20 * 20 = 400 , 400 - 19 = 381": 15 digits, 2 operators, 2 "=", 1 ","
             self.max_answer_tokens = 20
@@ -312,7 +321,23 @@ class CountdownSuite(TaskSuite):
             # "20 * 20 = 400 - 19 = 381": 12 digits, 2 operators, 2 "="
             self.max_answer_tokens = 16
 
+    def _draw_pair(self, rng: random.Random) -> Problem:
+        numbers = [rng.randint(MIN_NUMBER, MAX_NUMBER) for _ in range(2)]
+        table: dict[int, str] = {}
+        for a, b in dict.fromkeys(itertools.permutations(sorted(numbers))):
+            for op in OPS:
+                v = _apply(a, op, b)
+                if v is not None and v >= MIN_TARGET:
+                    table.setdefault(v, f"{a} {op} {b}")
+        target = rng.choice(sorted(table))
+        answer = render_steps(table[target]) if self.answers == "steps" else table[target]
+        key = " ".join(map(str, sorted(numbers))) + f"={target}"
+        prompt = f"numbers {' '.join(map(str, numbers))} target {target} :"
+        return Problem(key, prompt, answer, {"numbers": numbers, "target": target})
+
     def _draw(self, rng: random.Random) -> Problem:
+        if self.pairs and rng.random() < self.pairs:
+            return self._draw_pair(rng)
         while True:
             numbers = [rng.randint(MIN_NUMBER, MAX_NUMBER) for _ in range(N_NUMBERS)]
             table = solutions(tuple(sorted(numbers)))

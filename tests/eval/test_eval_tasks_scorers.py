@@ -461,3 +461,22 @@ def test_countdown_answer_table_rejects_bad_tables(tmp_path):
         get_suite("countdown", answers="table")
     with pytest.raises(ValueError, match="go together"):
         get_suite("countdown", answer_table=_table_file(tmp_path, {}))
+
+
+def test_countdown_pairs_mixes_in_two_number_problems_the_default_stream_unchanged():
+    canonical = get_suite("countdown")
+    base = canonical.examples("train", 500)
+    assert [e.prompt for e in get_suite("countdown", pairs=0.0).examples("train", 500)] == [e.prompt for e in base]
+    mixed = get_suite("countdown", pairs=0.3).examples("train", 1000)
+    pairs = [e for e in mixed if len(e.meta["numbers"]) == 2]
+    assert 0.1 < len(pairs) / len(mixed) < 0.35
+    assert {e.answer.split()[1] for e in pairs} == set("+-*/")  # every operation is taught
+    assert all(canonical.score(e, e.answer).correct for e in mixed)
+    assert all(e.meta["target"] >= 1 for e in pairs)
+    steps = get_suite("countdown", pairs=0.3, answers="steps").examples("train", 300)
+    assert any(len(e.meta["numbers"]) == 2 and e.answer.count("=") == 1 for e in steps)
+    for bad in (1.0, -0.1, "some", True):
+        with pytest.raises(ValueError, match="pairs must be a number in"):
+            get_suite("countdown", pairs=bad)
+    with pytest.raises(ValueError, match="pairs is only for answers"):
+        get_suite("countdown", pairs=0.2, answers="chain")
