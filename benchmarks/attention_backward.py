@@ -18,6 +18,8 @@ import time
 
 import torch
 
+from eval.outputs import check_output_args
+
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -29,6 +31,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=5, help="micro-batches per suite and round")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    check_output_args(ap, args.json)
     torch.set_num_threads(args.threads)
 
     from transformers.utils import logging as hf_logging

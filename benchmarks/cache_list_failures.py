@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from eval.outputs import check_output_args
+
 
 def has_repeat(names: list[str]) -> bool:
     return len(set(names)) < len(names)
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
+    check_output_args(ap, args.json)
     torch.set_num_threads(args.threads)
 
     from transformers.utils import logging as hf_logging

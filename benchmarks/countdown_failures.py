@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from eval.outputs import check_output_args
+
 KINDS = ("correct", "wrong value", "wrong numbers", "wrong step", "unreadable")
 
 
@@ -92,6 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
+    check_output_args(ap, args.json)
     if args.n < 1 or args.batch_size < 1:
         raise SystemExit("--n and --batch-size must be at least 1")
     torch.set_num_threads(args.threads)

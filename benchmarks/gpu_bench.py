@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from eval.outputs import check_output_args
+
 FULL = {  # LLaDA-8B: 32 layers, d 4096, 32 heads (MHA), SwiGLU 12288, vocab 126464
     "d_model": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 32, "mlp_hidden_size": 12288,
     "vocab": 126464, "mask_id": 126336, "eos_id": 126081, "dtype": "bf16", "device": "cuda",
@@ -333,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--budget", type=float, default=None, help="total seconds for all sections")
     args = ap.parse_args(argv)
+    check_output_args(ap, args.json)
 
     shape = dict(DRY if args.dry else FULL)
     device = torch.device(args.device or shape["device"])

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from eval.outputs import check_output_args
+
 CLASSES = ("correct", "arithmetic slip", "final copied wrong", "wrong chain", "no equation")
 
 
@@ -55,6 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--examples", type=int, default=0, help="print this many failures")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
+    check_output_args(ap, args.json)
     if args.n < 1 or args.batch_size < 1:
         raise SystemExit("--n and --batch-size must be at least 1")
     torch.set_num_threads(args.threads)

@@ -18,6 +18,8 @@ import argparse
 import csv
 from pathlib import Path
 
+from eval.outputs import IMAGE_FORMATS, check_output_args
+
 ROOT = Path(__file__).resolve().parents[1]
 RESUME = ROOT / "recipes" / "resume"
 # (folder, offset added to its steps): the phases of the bundled tiny, in order
@@ -109,6 +111,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="docs/results/tiny-learning-curve.png")
     args = ap.parse_args(argv)
+    check_output_args(ap, args.out, suffixes=IMAGE_FORMATS)
     rows = stitch()
     plot(rows, Path(args.out))
     first, last = rows[0], rows[-1]

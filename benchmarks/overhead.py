@@ -14,6 +14,8 @@ import json
 
 import torch
 
+from eval.outputs import check_output_args
+
 STRATEGIES = [
     ("vanilla", "tiny", {"strategy": "vanilla"}),
     ("threshold", "tiny", {"strategy": "threshold"}),
@@ -38,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    check_output_args(ap, args.json)
 
     from transformers.utils import logging as hf_logging
 

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import httpx
 
+from eval.outputs import check_output_args
+
 # torch is imported inside the functions, after OMP_WAIT_POLICY is set (main() sets it first)
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -333,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="interleaved repetitions of all runs; medians are shown (noisy machines)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
+    check_output_args(ap, args.json)
     extra = json.loads(args.extra)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     try:

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import typer
 
-_PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg")
-
 
 def bench(
     model: str = typer.Option("tiny-d2f", "--model", "-m", help="tiny, tiny-d2f, or a checkpoint directory."),
@@ -58,17 +56,14 @@ def bench(
         fail("--batch-size must be >= 1")
     if threads < 1:
         fail("--threads must be >= 1")
-    if plot is not None and plot.suffix.lstrip(".").lower() not in _PLOT_FORMATS:
-        fail(f"--plot {plot}: unknown image format {plot.suffix or '(none)'!r}; use one of: {', '.join(_PLOT_FORMATS)}")
-    for out in (json_out, plot):  # before the run: a report that cannot be written is lost with it
-        if out is None:
-            continue
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            fail(f"cannot create the folder of {out}: {err.strerror or err}")
-        if out.is_dir():
-            fail(f"{out} is a folder; give a file name")
+    from eval.outputs import IMAGE_FORMATS, OutputPathError, prepare_output_file
+
+    for flag, out, formats in (("--plot", plot, IMAGE_FORMATS), ("--json", json_out, None)):
+        try:  # before the run: a report that cannot be written is lost with it
+            if out is not None:
+                prepare_output_file(out, formats)
+        except OutputPathError as err:
+            fail(f"{flag} {err}")
     from dllm.cli import _quiet_transformers
 
     _quiet_transformers()

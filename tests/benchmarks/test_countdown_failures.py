@@ -73,3 +73,11 @@ def test_train_split(run_benchmark):
     assert result["split"] == "train" and result["n"] == 4 == sum(result["counts"].values())
     with pytest.raises(SystemExit):
         run_benchmark("countdown_failures", ["--split", "dev"])
+
+
+def test_unwritable_json_path_fails_before_the_run(run_benchmark, tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit):
+        run_benchmark("countdown_failures", ["--n", "600", "--json", str(blocker / "out.json")])
+    assert "cannot create the folder" in capsys.readouterr().err

@@ -144,7 +144,7 @@ def test_bench_cli_output_paths_are_checked_before_the_run(ckpt, tmp_path):
     _mount_subcommands()
     base = ["bench", "--model", str(ckpt), "--suite", "arith", "--n", "1", "--strategies", "vanilla", "--no-progress"]
     r = CliRunner().invoke(app, base + ["--plot", str(tmp_path / "p.xyz")])
-    assert r.exit_code == 2 and "unknown image format '.xyz'" in r.output and "arith" not in r.output
+    assert r.exit_code == 2 and "unknown file format '.xyz'" in r.output and "arith" not in r.output
     blocker = tmp_path / "file"
     blocker.write_text("")
     r = CliRunner().invoke(app, base + ["--json", str(blocker / "out.json")])
