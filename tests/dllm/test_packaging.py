@@ -61,13 +61,13 @@ def test_installed_wheel_generates_outside_the_repository(wheel, tmp_path):
          str(wheel)],
         check=True, capture_output=True, text=True, timeout=240,
     )
-    code = (
-        "import dllm, json\n"
-        "assert dllm.__file__.startswith(%r), dllm.__file__\n"
-        "m = dllm.load_model('tiny-d2f'); t = dllm.load_tokenizer('tiny-d2f')\n"
-        "[r] = dllm.generate_text(m, t, 'reverse : Ann Bob Cal', strategy='d2f')\n"
-        "print(json.dumps(r.text))\n" % str(target)
-    )
+    code = "\n".join([
+        "import dllm, json",
+        f"assert dllm.__file__.startswith({str(target)!r}), dllm.__file__",
+        "m = dllm.load_model('tiny-d2f'); t = dllm.load_tokenizer('tiny-d2f')",
+        "[r] = dllm.generate_text(m, t, 'reverse : Ann Bob Cal', strategy='d2f')",
+        "print(json.dumps(r.text))",
+    ])
     env = {**os.environ, "PYTHONPATH": str(target)}
     run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=240)
