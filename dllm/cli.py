@@ -11,8 +11,22 @@ app = typer.Typer(help="dllm: fast, practical diffusion language models.", no_ar
                   pretty_exceptions_enable=False, add_completion=False)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        import torch
+        import transformers
+
+        from dllm import __version__
+
+        typer.echo(f"dllm {__version__} (torch {torch.__version__}, transformers {transformers.__version__})")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the versions of dllm, torch and transformers and exit."),
+) -> None:
     """dllm: fast, practical diffusion language models."""
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-train_app = typer.Typer(help="Train diffusion LMs: masked-diffusion SFT and D2F distillation.",
+train_app = typer.Typer(help="Train diffusion LMs: masked-diffusion SFT, D2F distillation and TPF-aware GRPO.",
                         no_args_is_help=True, add_completion=False)
 
 _CONFIG = typer.Option(None, "--config", "-c", help="YAML recipe (e.g. recipes/tiny-sft.yaml)")

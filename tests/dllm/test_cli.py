@@ -76,3 +76,10 @@ def test_generate_text_rejects_non_text_prompts(ckpt):
     with pytest.raises(GenerationConfigError, match="non-str items"):
         generate_text(model, tok, ["hi", None])
     assert generate_text(model, tok, []) == []
+
+
+def test_version():
+    import dllm
+
+    r = CliRunner().invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output.startswith(f"dllm {dllm.__version__} (torch ")

@@ -33,7 +33,9 @@ def wheel(tmp_path_factory) -> Path:
          "-w", str(out), str(REPO)],
         check=True, capture_output=True, text=True, timeout=240,
     )
-    [whl] = list(out.glob("dllm-*.whl"))
+    import dllm
+
+    [whl] = list(out.glob(f"dllm-{dllm.__version__}-*.whl"))  # the version has one source
     return whl
 
 
