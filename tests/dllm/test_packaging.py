@@ -4,6 +4,7 @@ another directory then runs without the source tree."""
 
 import importlib.metadata
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -28,9 +29,15 @@ def wheel(tmp_path_factory) -> Path:
     if _setuptools_version() < (77,):
         pytest.skip("needs setuptools>=77 installed to build the wheel without isolation")
     out = tmp_path_factory.mktemp("wheel")
+    # build from a copy: pip builds in the source tree and would leave build/ and *.egg-info there
+    src = tmp_path_factory.mktemp("src")
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(REPO / name, src / name)
+    for pkg in ("dllm", "decoding", "training", "serving", "eval"):
+        shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "-w", str(out), str(REPO)],
+         "-w", str(out), str(src)],
         check=True, capture_output=True, text=True, timeout=240,
     )
     import dllm
