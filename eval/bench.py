@@ -33,6 +33,15 @@ class BenchSpecError(ValueError):
     """A malformed --strategies / --sweep specification."""
 
 
+class BenchInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``run_bench``; ``report`` summarises the batches every method finished (None
+    if none), so a long run still leaves a fair, if smaller, comparison."""
+
+    def __init__(self, report: dict | None) -> None:
+        super().__init__()
+        self.report = report
+
+
 @dataclass(frozen=True)
 class Method:
     strategy: str
@@ -153,41 +162,56 @@ def run_bench(
                        TimeRemainingColumn(), transient=True)
         bar.start()
         task = bar.add_task("", total=len(batches) * len(methods))
+    def record(st: MethodStats, batch: list[Example], results, dt: float) -> None:
+        st.seconds += dt
+        for ex, res in zip(batch, results):
+            score = by_name[ex.suite].score(ex, res.text)
+            st.correct += int(score.correct)
+            st.total += 1
+            st.tokens += res.generated_tokens
+            st.forwards += res.num_forwards
+            st.latencies.append(dt)
+            ps = st.per_suite.setdefault(ex.suite, {"correct": 0, "total": 0, "tokens": 0, "forwards": 0})
+            ps["correct"] += int(score.correct)
+            ps["total"] += 1
+            ps["tokens"] += res.generated_tokens
+            ps["forwards"] += res.num_forwards
+            cat = by_name[ex.suite].category(ex)
+            if cat is not None:
+                pc = ps.setdefault("categories", {}).setdefault(cat, {"correct": 0, "total": 0})
+                pc["correct"] += int(score.correct)
+                pc["total"] += 1
+
+    def report() -> dict:
+        return summarise(stats, model_name=getattr(model.config, "_name_or_path", "?"), suites=suites, n=n,
+                         seed=seed, batch_size=batch_size)
+
+    done = 0
     try:
         for bi, batch in enumerate(batches):
             order = list(range(len(methods)))
             order = order[bi % len(order):] + order[: bi % len(order)]  # rotate: no method always goes first
             prompts = [ex.prompt for ex in batch]
+            pending = []  # recorded once every method has run the batch, so an interrupt keeps it fair
             for mi in order:
                 t0 = time.perf_counter()
                 results = generate_text(model, tokenizer, prompts, generation_config=configs[mi])
-                dt = time.perf_counter() - t0
-                st = stats[mi]
-                st.seconds += dt
-                for ex, res in zip(batch, results):
-                    score = by_name[ex.suite].score(ex, res.text)
-                    st.correct += int(score.correct)
-                    st.total += 1
-                    st.tokens += res.generated_tokens
-                    st.forwards += res.num_forwards
-                    st.latencies.append(dt)
-                    ps = st.per_suite.setdefault(ex.suite, {"correct": 0, "total": 0, "tokens": 0, "forwards": 0})
-                    ps["correct"] += int(score.correct)
-                    ps["total"] += 1
-                    ps["tokens"] += res.generated_tokens
-                    ps["forwards"] += res.num_forwards
-                    cat = by_name[ex.suite].category(ex)
-                    if cat is not None:
-                        pc = ps.setdefault("categories", {}).setdefault(cat, {"correct": 0, "total": 0})
-                        pc["correct"] += int(score.correct)
-                        pc["total"] += 1
+                pending.append((mi, results, time.perf_counter() - t0))
                 if bar is not None:
                     bar.update(task, advance=1, description=methods[mi].label)
+            for mi, results, dt in pending:
+                record(stats[mi], batch, results, dt)
+            done += len(batch)
+    except KeyboardInterrupt:
+        if done == 0:
+            raise BenchInterrupted(None) from None
+        partial = report()
+        partial["interrupted"] = {"examples_done": done, "examples_planned": len(examples)}
+        raise BenchInterrupted(partial) from None
     finally:
         if bar is not None:
             bar.stop()
-    return summarise(stats, model_name=getattr(model.config, "_name_or_path", "?"), suites=suites, n=n,
-                     seed=seed, batch_size=batch_size)
+    return report()
 
 
 def summarise(stats: list[MethodStats], *, model_name: str, suites: str, n: int, seed: int, batch_size: int) -> dict:

@@ -37,6 +37,7 @@ def bench(
     from dllm.loading import CheckpointError, load_model, resolve_model_path
     from dllm.text import load_tokenizer_for
     from eval.bench import (
+        BenchInterrupted,
         BenchSpecError,
         apply_sweep,
         format_categories,
@@ -79,6 +80,14 @@ def bench(
     except (BenchSpecError, CheckpointError, GenerationConfigError, StrategyError, ValueError) as err:
         fail(str(err))
         return
+    except BenchInterrupted as stop:
+        if stop.report is None:
+            typer.echo("interrupted before every strategy had finished one batch; nothing to report", err=True)
+            raise typer.Exit(130) from None
+        report = stop.report
+        done = report["interrupted"]
+        typer.echo(f"interrupted: partial results over the first {done['examples_done']} of "
+                   f"{done['examples_planned']} prompts, which every strategy finished", err=True)
     report["model"] = model
     typer.echo(format_table(report))
     if by_category and format_categories(report):
@@ -90,3 +99,5 @@ def bench(
     if plot:
         pareto_plot(report, str(plot))
         typer.echo(f"wrote {plot}")
+    if "interrupted" in report:
+        raise typer.Exit(130)

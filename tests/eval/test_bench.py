@@ -156,3 +156,41 @@ def test_bench_cli_output_paths_are_checked_before_the_run(ckpt, tmp_path):
     r = CliRunner().invoke(app, base + ["--json", str(out), "--plot", str(out.with_suffix(".png"))])
     assert r.exit_code == 0, r.output
     assert json.loads(out.read_text())["n"] == 1 and out.with_suffix(".png").stat().st_size > 1000
+
+
+def _interrupt_on_call(monkeypatch, call: int):
+    """generate_text raises KeyboardInterrupt (Ctrl-C) on its ``call``-th call."""
+    import dllm.text
+
+    real, calls = dllm.text.generate_text, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dllm.text, "generate_text", flaky)
+
+
+def test_ctrl_c_keeps_the_batches_every_strategy_finished(ckpt, tmp_path, monkeypatch):
+    from dllm.cli import _mount_subcommands, app
+
+    _mount_subcommands()
+    base = ["bench", "--model", str(ckpt), "--suite", "arith", "--n", "3", "--strategies", "vanilla,d2f",
+            "--no-progress"]
+    # call 4 is d2f's (or vanilla's: the order rotates) half of the second batch: only batch 1 counts
+    _interrupt_on_call(monkeypatch, 4)
+    out = tmp_path / "partial.json"
+    res = CliRunner().invoke(app, base + ["--json", str(out)])
+    assert res.exit_code == 130, res.output
+    assert "partial results over the first 1 of 3 prompts" in res.output and "Traceback" not in res.output
+    report = json.loads(out.read_text())
+    assert report["interrupted"] == {"examples_done": 1, "examples_planned": 3}
+    assert [r["examples"] for r in report["results"]] == [1, 1]  # the same prompts for both
+    assert all(r["forwards"] > 0 for r in report["results"])
+    # nothing finished: a clear line, no report, no traceback
+    _interrupt_on_call(monkeypatch, 1)
+    out2 = tmp_path / "none.json"
+    res = CliRunner().invoke(app, base + ["--json", str(out2)])
+    assert res.exit_code == 130 and "nothing to report" in res.output and not out2.exists()
