@@ -83,7 +83,8 @@ def _mount_subcommands() -> None:
 
 @app.command("generate")
 def generate(
-    prompt: str = typer.Argument(..., help="The user prompt (the model's chat template is applied)."),
+    prompt: str = typer.Argument(..., help="The user prompt (the model's chat template is applied); "
+                                           "'-' reads one prompt per line from stdin."),
     model: str = typer.Option("tiny", "--model", "-m", help="tiny, tiny-d2f, or a local checkpoint directory."),
     strategy: str | None = typer.Option(None, help="Decoding strategy (default: the model's)."),
     cache: str | None = typer.Option(None, help="none, prefix or dual (bidirectional models)."),
@@ -98,20 +99,33 @@ def generate(
                                         help="Evaluate LoPA branches on N local processes (torch.distributed)."),
     dtype: str | None = typer.Option(None, help="float32, bfloat16 or float16."),
     device: str | None = typer.Option(None, help="cpu, cuda, cuda:1, ..."),
+    options: list[str] | None = typer.Option(None, "--set", "-s",
+                                             help="Any generation option as KEY=VALUE, repeatable "
+                                                  "(e.g. --set skip_threshold=0.7); the flags above win."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Prompts per generate call (prompts from stdin)."),
     no_chat: bool = typer.Option(False, "--no-chat", help="Do not apply the chat template."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per prompt (one per line)."),
 ) -> None:
     """Generate an answer and report forwards, tokens per forward (TPF) and speed."""
     from decoding.registry import StrategyError
-    from dllm.generation.config import GenerationConfigError
+    from dllm.generation.config import GenerationConfigError, parse_overrides
     from dllm.loading import CheckpointError, load_model, resolve_model_path
     from dllm.text import generate_text, load_tokenizer_for
 
     _quiet_transformers()
-    overrides = {k: v for k, v in dict(strategy=strategy, cache=cache, threshold=threshold, block_length=block_length,
-                                       max_new_tokens=max_new_tokens, steps=steps, temperature=temperature,
-                                       seed=seed, lopa_branches=lopa_branches).items() if v is not None}
+    flags = {k: v for k, v in dict(strategy=strategy, cache=cache, threshold=threshold, block_length=block_length,
+                                    max_new_tokens=max_new_tokens, steps=steps, temperature=temperature,
+                                    seed=seed, lopa_branches=lopa_branches).items() if v is not None}
+    if prompt == "-":
+        prompts = [line.rstrip("\r\n") for line in sys.stdin if line.strip()]
+        if not prompts:
+            _fail("no prompts on stdin (one per line)")
+    else:
+        prompts = [prompt]
+    if batch_size < 1:
+        _fail("--batch-size must be >= 1")
     try:
+        overrides = {**parse_overrides(options or []), **flags}
         path = resolve_model_path(model)
         m = load_model(path, dtype=dtype, device=device)
         tok = load_tokenizer_for(path)
@@ -123,26 +137,31 @@ def generate(
             from decoding.branch_parallel import run_branch_parallel
 
             overrides.setdefault("strategy", "lopa")
-            result = run_branch_parallel(path, [prompt], cfg.replace(**overrides), world_size=branch_parallel,
-                                         chat=not no_chat, dtype=dtype, device=device)[0]
+            results = run_branch_parallel(path, prompts, cfg.replace(**overrides), world_size=branch_parallel,
+                                          chat=not no_chat, dtype=dtype, device=device)
         elif branch_parallel < 1:
             raise ValueError("--branch-parallel must be >= 1")
         else:
-            result = generate_text(m, tok, prompt, chat=not no_chat, **overrides)[0]
+            cfg.replace(**overrides)  # a bad option fails before the first batch
+            results = []
+            for i in range(0, len(prompts), batch_size):
+                results += generate_text(m, tok, prompts[i:i + batch_size], chat=not no_chat, **overrides)
     except (CheckpointError, GenerationConfigError, StrategyError, ValueError) as err:
         _fail(str(err))
         return
-    tps = result.generated_tokens / result.seconds if result.seconds > 0 else float("inf")
-    if as_json:
-        payload = {"text": result.text, "num_forwards": result.num_forwards,
-                   "generated_tokens": result.generated_tokens, "tpf": round(result.tpf, 4),
-                   "seconds": round(result.seconds, 4), "tokens_per_second": round(tps, 2),
-                   "finish_reason": result.finish_reason, "model": model, "strategy": cfg.replace(**overrides).strategy}
-        typer.echo(json.dumps(payload))
-    else:
-        typer.echo(result.text)
-        typer.echo(f"[forwards={result.num_forwards} tokens={result.generated_tokens} tpf={result.tpf:.2f} "
-                   f"tokens/s={tps:.1f} finish={result.finish_reason}]", err=False)
+    strategy_name = cfg.replace(**overrides).strategy
+    for result in results:
+        tps = result.generated_tokens / result.seconds if result.seconds > 0 else float("inf")
+        if as_json:
+            payload = {"text": result.text, "num_forwards": result.num_forwards,
+                       "generated_tokens": result.generated_tokens, "tpf": round(result.tpf, 4),
+                       "seconds": round(result.seconds, 4), "tokens_per_second": round(tps, 2),
+                       "finish_reason": result.finish_reason, "model": model, "strategy": strategy_name}
+            typer.echo(json.dumps(payload))
+        else:
+            typer.echo(result.text)
+            typer.echo(f"[forwards={result.num_forwards} tokens={result.generated_tokens} tpf={result.tpf:.2f} "
+                       f"tokens/s={tps:.1f} finish={result.finish_reason}]", err=False)
 
 
 def lm_eval_command(ctx: typer.Context) -> None:

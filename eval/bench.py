@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from dllm.generation.config import parse_option_value
+
 from .metrics import aup as aup_metric
 from .metrics import latency_percentiles
 from .tasks import Example, resolve_suites
@@ -54,20 +56,6 @@ class Method:
         return self.strategy + ":" + ",".join(f"{k}={v}" for k, v in self.params.items())
 
 
-def _value(text: str):
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low == "none":
-        return None
-    return text
-
-
 def parse_methods(spec: str) -> list[Method]:
     """``"vanilla,threshold:cache=dual,threshold=0.9,d2f"`` -> three methods.
 
@@ -87,7 +75,7 @@ def parse_methods(spec: str) -> list[Method]:
             if not methods:
                 raise BenchSpecError(f"parameter {item!r} comes before any strategy name in {spec!r}")
             key, val = item.split("=", 1)
-            methods[-1][1][key.strip()] = _value(val.strip())
+            methods[-1][1][key.strip()] = parse_option_value(val.strip())
         else:
             methods.append((item, {}))
     if not methods:
@@ -102,7 +90,7 @@ def apply_sweep(methods: list[Method], sweep: str | None) -> list[Method]:
     if "=" not in sweep:
         raise BenchSpecError(f"--sweep must look like key=v1,v2,...; got {sweep!r}")
     key, vals = sweep.split("=", 1)
-    values = [_value(v.strip()) for v in vals.split(",") if v.strip()]
+    values = [parse_option_value(v.strip()) for v in vals.split(",") if v.strip()]
     if not values:
         raise BenchSpecError(f"--sweep {sweep!r} lists no values")
     out = [methods[0]]

@@ -186,6 +186,38 @@ class DiffusionGenerationConfig:
         return cls.from_dict(data[FILE_KEY]) if FILE_KEY in data else None
 
 
+def parse_option_value(text: str) -> Any:
+    """A value written on a command line: an int, a float, ``true``/``false``, ``none``, else the
+    string itself (``dual``). The config's own checks then say whether it fits the field."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    return text
+
+
+def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``["skip_threshold=0.7", "cache=dual"]`` -> ``{"skip_threshold": 0.7, "cache": "dual"}``;
+    field names are checked against the config, values by the config when it is built."""
+    valid = {f.name for f in dataclasses.fields(DiffusionGenerationConfig)}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise GenerationConfigError(f"expected KEY=VALUE, got {item!r}")
+        if key not in valid:
+            raise GenerationConfigError(f"unknown generation option {key!r}; valid: {', '.join(sorted(valid))}")
+        out[key] = parse_option_value(value.strip())
+    return out
+
+
 def _check_field_types(cfg: DiffusionGenerationConfig) -> None:
     """Numbers must be (JSON) numbers and switches bools: a value from a CLI or a JSON file may be a
     string, and the range checks below would fail with a TypeError instead of naming the field."""
