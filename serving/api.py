@@ -73,6 +73,7 @@ def load_bundle(settings: ServerSettings, model=None) -> ModelBundle:
     path = resolve_model_path(settings.model)
     if model is None:
         model = load_model(path, dtype=settings.dtype, device=settings.device)
+    settings.apply_generation_defaults(model)
     return ModelBundle(model, load_tokenizer_for(path))
 
 
@@ -100,7 +101,7 @@ class ServerState:
         """What the engine process needs (``settings.engine_process``)."""
         s = self.settings
         return {"model": s.model, "dtype": s.dtype, "device": s.device, "num_threads": s.num_threads,
-                "branch_parallel": s.branch_parallel,
+                "branch_parallel": s.branch_parallel, "generation_defaults": dict(s.generation_defaults),
                 "engine": {"max_batch_size": s.max_batch_size, "max_queue": s.max_queue,
                            "batch_wait_ms": s.batch_wait_ms, "stream_interval_ms": s.stream_interval_ms,
                            "join": s.join, "join_max_spread_blocks": s.join_max_spread}}

@@ -68,6 +68,10 @@ def serve(
     device: str | None = typer.Option(None, help="cpu, cuda, cuda:1, ..."),
     num_threads: int | None = typer.Option(None, "--num-threads", help="torch CPU threads (default: torch's)."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
+    options: list[str] | None = typer.Option(None, "--set", "-s",
+                                             help="Default generation option for every request as KEY=VALUE, "
+                                                  "repeatable (e.g. --set skip_threshold=0.8); requests still "
+                                                  "override it."),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming, metrics)."""
     try:
@@ -75,6 +79,7 @@ def serve(
     except ImportError:
         _fail("the server needs the serving extras: pip install 'dllm[serving]'")
         return
+    from dllm.generation.config import parse_overrides
     from dllm.loading import CheckpointError
 
     from .api import ModelBundle, create_app, load_bundle
@@ -82,7 +87,7 @@ def serve(
     from .settings import ServerSettings
 
     try:
-        settings = ServerSettings(model=model, served_model_name=served_model_name, host=host, port=port,
+        settings = ServerSettings(generation_defaults=parse_overrides(options or []), model=model, served_model_name=served_model_name, host=host, port=port,
                                   api_key=api_key, max_batch_size=max_batch_size, max_queue=max_queue,
                                   batch_wait_ms=batch_wait_ms, join=join, join_max_spread=join_max_spread or None,
                                   stream_interval_ms=stream_interval_ms,

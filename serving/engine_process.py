@@ -212,6 +212,9 @@ def engine_main(conn, spec: dict) -> None:
             model = executor.model
         else:
             model = load_model(path, dtype=spec.get("dtype"), device=spec.get("device"))
+        if spec.get("generation_defaults"):
+            model.diffusion_generation_config = model.diffusion_generation_config.replace(
+                **spec["generation_defaults"])
         tokenizer = load_tokenizer_for(path)
         info = ModelInfo.from_model(model, tokenizer)
     except BaseException as err:  # noqa: BLE001 - everything is reported to the API process

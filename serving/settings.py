@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class ServerSettings:
         engine_process: decode in a separate process (what ``dllm serve`` does): the HTTP event loop
             and the decoding loop then do not share one GIL (``serving.engine_process``). ``False``:
             a decoding thread in the server process (``create_app(model=...)`` always works this way).
+        generation_defaults: generation options (``DiffusionGenerationConfig`` fields) laid over the
+            checkpoint's ``generation_config.json`` for every request; a request's own fields still
+            win. Names are checked here, values once the model is loaded.
         dtype / device / num_threads: how to load and run the model (``num_threads``: torch CPU
             threads of the engine process; ``None``: torch's default).
     """
@@ -63,8 +67,14 @@ class ServerSettings:
     dtype: str | None = None
     device: str | None = None
     num_threads: int | None = None
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        from dllm.generation import DiffusionGenerationConfig
+
+        valid = set(DiffusionGenerationConfig.__dataclass_fields__)
+        if unknown := sorted(set(self.generation_defaults) - valid):
+            raise ValueError(f"unknown generation option(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")
         for name in ("max_batch_size", "max_queue", "max_body_bytes", "max_prompt_tokens", "max_tokens_cap",
                      "max_n", "max_prompts", "max_rows_per_request", "max_stop", "max_stop_length",
                      "branch_parallel"):
@@ -80,6 +90,12 @@ class ServerSettings:
             raise ValueError(f"num_threads must be a positive integer, got {self.num_threads!r}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+
+    def apply_generation_defaults(self, model) -> None:
+        """Lay ``generation_defaults`` over ``model``'s generation config (a bad value raises
+        ``GenerationConfigError``, a ValueError, naming the field)."""
+        if self.generation_defaults:
+            model.diffusion_generation_config = model.diffusion_generation_config.replace(**self.generation_defaults)
 
     @property
     def model_name(self) -> str:

@@ -18,6 +18,13 @@ from serving import branch
 from serving.testing import build_checkpoint, free_socket
 
 
+def free_port() -> int:
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     return build_checkpoint(tmp_path_factory.mktemp("cli"), seed=1)
@@ -47,6 +54,12 @@ def test_startup_errors_are_clear(ckpt, monkeypatch):
     r = CliRunner().invoke(_app(), ["serve", "--model", str(ckpt), "--port", str(busy.getsockname()[1])])
     busy.close()
     assert r.exit_code == 2 and "cannot listen on 127.0.0.1" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(_app(), ["serve", "--model", str(ckpt), "--set", "treshold=0.5"])
+    assert r.exit_code == 2 and "unknown generation option 'treshold'" in r.output
+    # a bad value is found once the model is loaded (here: in the engine process), before serving
+    r = CliRunner().invoke(_app(), ["serve", "--model", str(ckpt), "--set", "threshold=2", "--port",
+                                    str(free_port())])
+    assert r.exit_code == 2 and "threshold must be in [0, 1]" in r.output and "Traceback" not in r.output
     # without the decoding executor, --branch-parallel N > 1 refuses to start (never silently single-process)
     monkeypatch.setattr(branch, "MODULE", "decoding.no_such_executor")
     r = CliRunner().invoke(_app(), ["serve", "--model", str(ckpt), "--branch-parallel", "2"])
