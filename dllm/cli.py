@@ -105,6 +105,8 @@ def generate(
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts per generate call (prompts from stdin)."),
     no_chat: bool = typer.Option(False, "--no-chat", help="Do not apply the chat template."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per prompt (one per line)."),
+    stream: bool = typer.Option(False, "--stream", help="Print the answer as its tokens are committed "
+                                                        "(prompts run one at a time)."),
 ) -> None:
     """Generate an answer and report forwards, tokens per forward (TPF) and speed."""
     from decoding.registry import StrategyError
@@ -124,6 +126,8 @@ def generate(
         prompts = [prompt]
     if batch_size < 1:
         _fail("--batch-size must be >= 1")
+    if stream and (as_json or branch_parallel > 1):
+        _fail("--stream prints plain text from one process; leave out --json and --branch-parallel")
     try:
         overrides = {**parse_overrides(options or []), **flags}
         path = resolve_model_path(model)
@@ -142,8 +146,14 @@ def generate(
         elif branch_parallel < 1:
             raise ValueError("--branch-parallel must be >= 1")
         else:
-            cfg.replace(**overrides)  # a bad option fails before the first batch
+            stop_strings = cfg.replace(**overrides).stop_strings  # a bad option fails before the first batch
             results = []
+            if stream:
+                for p in prompts:
+                    [result] = generate_text(m, tok, p, chat=not no_chat, streamer=_terminal_stream(tok, stop_strings),
+                                             **overrides)
+                    _print_status(result)
+                return
             for i in range(0, len(prompts), batch_size):
                 results += generate_text(m, tok, prompts[i:i + batch_size], chat=not no_chat, **overrides)
     except (CheckpointError, GenerationConfigError, StrategyError, ValueError) as err:
@@ -160,8 +170,39 @@ def generate(
             typer.echo(json.dumps(payload))
         else:
             typer.echo(result.text)
-            typer.echo(f"[forwards={result.num_forwards} tokens={result.generated_tokens} tpf={result.tpf:.2f} "
-                       f"tokens/s={tps:.1f} finish={result.finish_reason}]", err=False)
+            _print_status(result)
+
+
+def _print_status(result) -> None:
+    tps = result.generated_tokens / result.seconds if result.seconds > 0 else float("inf")
+    typer.echo(f"[forwards={result.num_forwards} tokens={result.generated_tokens} tpf={result.tpf:.2f} "
+               f"tokens/s={tps:.1f} finish={result.finish_reason}]")
+
+
+def _terminal_stream(tokenizer, stop_strings):
+    """A streamer that writes a row's committed text to stdout as the decoder commits it
+    (``--stream``); text is held back only while a stop string could still cut it or it ends inside
+    a character. Built here so that ``dllm --help`` does not import the decoding stack."""
+    from decoding.streaming import BatchStreamer
+    from serving.textstream import RowText
+
+    class TerminalStream(BatchStreamer):
+        def __init__(self) -> None:
+            self.row = RowText(tokenizer, max_tokens=1 << 30, stop=tuple(stop_strings))
+
+        def put_row(self, row: int, token_ids: list[int]) -> None:
+            _write(self.row.add(token_ids))
+
+        def end_row(self, row: int, finish_reason: str, num_forwards: int | None = None) -> None:
+            _write(self.row.finish(finish_reason) + "\n")
+
+    return TerminalStream()
+
+
+def _write(text: str) -> None:
+    if text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
 
 def lm_eval_command(ctx: typer.Context) -> None:

@@ -130,3 +130,23 @@ def test_generate_reads_prompts_from_stdin_in_batches(ckpt, monkeypatch):
     assert json.loads(solo.output.splitlines()[-1])["text"] == rows[3]["text"]
     r = CliRunner().invoke(app, ["generate", "-", "--model", str(ckpt)], input="\n  \n")
     assert r.exit_code == 2 and "no prompts on stdin" in r.output
+
+
+def test_generate_stream_prints_the_same_text_as_it_commits(ckpt, monkeypatch):
+    import dllm.cli
+
+    # vanilla over the whole canvas: one token per forward, several commits to stream
+    args = ["generate", "reverse : Ann Bob", "--model", str(ckpt), "--strategy", "vanilla", "--set", "stop_at_eos=false"]
+    r = CliRunner().invoke(app, args + ["--json"])
+    [plain] = [json.loads(line) for line in r.output.splitlines() if line.startswith("{")]
+    chunks = []
+    real_write = dllm.cli._write
+    monkeypatch.setattr(dllm.cli, "_write", lambda text: (chunks.append(text), real_write(text)))
+    r = CliRunner().invoke(app, args + ["--stream"])
+    assert r.exit_code == 0, r.output
+    text, status = r.output.rstrip("\n").rsplit("\n", 1)
+    assert text == plain["text"] and status.startswith(f"[forwards={plain['num_forwards']} ")
+    assert len([c for c in chunks if c.strip()]) > 1  # it arrived in pieces, as committed
+    assert "".join(chunks).rstrip("\n") == plain["text"]
+    r = CliRunner().invoke(app, ["generate", "hi", "--model", str(ckpt), "--stream", "--json"])
+    assert r.exit_code == 2 and "--stream prints plain text" in r.output
