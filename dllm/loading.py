@@ -32,14 +32,39 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
             )
         return path
     path = Path(name).expanduser()
+    if not path.exists() and (cached := _from_hub_cache(name)) is not None:
+        return cached
     if not path.exists():
+        hub = " or a Hugging Face repo id in the local cache" if _looks_like_repo_id(name) else ""
         raise CheckpointError(
-            f"model {name!r} is neither a bundled name ({', '.join(BUNDLED_MODELS)}) nor an existing directory; "
-            "dllm loads checkpoints offline from local directories (download them beforehand)"
+            f"model {name!r} is neither a bundled name ({', '.join(BUNDLED_MODELS)}) nor an existing directory{hub}; "
+            "dllm loads checkpoints offline from local directories or the Hugging Face cache (download them "
+            "beforehand, e.g. `huggingface-cli download ORG/NAME`)"
         )
     if not path.is_dir():
         raise CheckpointError(f"{path} is a file; pass the checkpoint directory that holds config.json")
     return path
+
+
+def _looks_like_repo_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "~"))
+
+
+def _from_hub_cache(name: str) -> Path | None:
+    """``ORG/NAME`` already in the Hugging Face cache (``huggingface-cli download``): its snapshot
+    directory, found without any network access; None if it is not there."""
+    if not _looks_like_repo_id(name):
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    except ImportError:
+        return None
+    try:
+        return Path(snapshot_download(repo_id=name, local_files_only=True))
+    except (HFValidationError, LocalEntryNotFoundError, OSError, ValueError):
+        return None
 
 
 def check_checkpoint_dir(path: Path, allow_pickle: bool = False) -> dict:
@@ -144,7 +169,9 @@ def attach_adapter(model: DiffusionLM, adapter: str | Path, merge: bool = True):
     """Load a PEFT LoRA adapter on ``model``; merged into the base weights by default."""
     from peft import PeftModel
 
-    adapter = Path(adapter)
+    adapter = Path(adapter).expanduser()
+    if not adapter.exists() and (cached := _from_hub_cache(str(adapter))) is not None:
+        adapter = cached  # a repo id already in the Hugging Face cache
     if not (adapter / "adapter_config.json").exists():
         raise CheckpointError(f"{adapter} is not a PEFT adapter directory (no adapter_config.json)")
     peft_model = PeftModel.from_pretrained(model, str(adapter))
