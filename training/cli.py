@@ -13,9 +13,20 @@ train_app = typer.Typer(help="Train diffusion LMs: masked-diffusion SFT, D2F dis
 _CONFIG = typer.Option(None, "--config", "-c", help="YAML recipe (e.g. recipes/tiny-sft.yaml)")
 _RESUME = typer.Option(False, "--resume", help="continue the run in run_dir from its latest checkpoint")
 _OVERRIDES = typer.Argument(None, help="key=value overrides with dotted keys, e.g. optim.lr=3e-4 data.tasks.gsm=2")
+_PRINT = typer.Option(False, "--print-config",
+                      help="print the resolved config (recipe + overrides, every key) as YAML and exit")
 
 
-def _run(kind: str, config: Path | None, overrides: list[str] | None, resume: bool) -> None:
+def print_config(cfg) -> None:
+    """The config as the run would use it, in the YAML a recipe is written in."""
+    import yaml
+
+    from .config import to_dict
+
+    typer.echo(yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
+
+
+def _run(kind: str, config: Path | None, overrides: list[str] | None, resume: bool, show: bool = False) -> None:
     from .config import ConfigError, DistillConfig, SFTConfig, load_config
     from .engine import RunDirInUse, TrainingDiverged
 
@@ -25,6 +36,9 @@ def _run(kind: str, config: Path | None, overrides: list[str] | None, resume: bo
     except ConfigError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
+    if show:
+        print_config(cfg)
+        return
     if kind == "sft":
         from .sft import SFTTrainer as trainer_cls
     else:
@@ -50,15 +64,17 @@ def _run(kind: str, config: Path | None, overrides: list[str] | None, resume: bo
 
 
 @train_app.command(context_settings={"allow_extra_args": False})
-def sft(config: Path = _CONFIG, overrides: list[str] = _OVERRIDES, resume: bool = _RESUME) -> None:
+def sft(config: Path = _CONFIG, overrides: list[str] = _OVERRIDES, resume: bool = _RESUME,
+        show: bool = _PRINT) -> None:
     """Masked-diffusion SFT (LLaDA objective; block diffusion for block-causal models)."""
-    _run("sft", config, overrides, resume)
+    _run("sft", config, overrides, resume, show)
 
 
 @train_app.command()
-def distill(config: Path = _CONFIG, overrides: list[str] = _OVERRIDES, resume: bool = _RESUME) -> None:
+def distill(config: Path = _CONFIG, overrides: list[str] = _OVERRIDES, resume: bool = _RESUME,
+            show: bool = _PRINT) -> None:
     """D2F asymmetric distillation: bidirectional teacher -> block-causal student."""
-    _run("distill", config, overrides, resume)
+    _run("distill", config, overrides, resume, show)
 
 
 def main() -> None:

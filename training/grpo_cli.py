@@ -16,12 +16,16 @@ import typer
 _CONFIG = typer.Option(None, "--config", "-c", help="YAML recipe (e.g. recipes/grpo-tiny.yaml)")
 _RESUME = typer.Option(False, "--resume", help="continue the run in run_dir from its latest checkpoint")
 _OVERRIDES = typer.Argument(None, help="key=value overrides with dotted keys, e.g. loss.beta=0 rollout.group_size=16")
+_PRINT = typer.Option(False, "--print-config",
+                      help="print the resolved config (recipe + overrides, every key) as YAML and exit")
 
 
-def grpo(config: Path = _CONFIG, overrides: list[str] = _OVERRIDES, resume: bool = _RESUME) -> None:
+def grpo(config: Path = _CONFIG, overrides: list[str] = _OVERRIDES, resume: bool = _RESUME,
+         show: bool = _PRINT) -> None:
     """TPF-aware GRPO (LightningRL): rollouts through the decoder, accuracy + TPF rewards, PPO update."""
     from dllm.loading import CheckpointError
 
+    from .cli import print_config
     from .config import ConfigError
     from .engine import RunDirInUse, TrainingDiverged
     from .grpo import GRPOTrainer, load_grpo_config
@@ -31,6 +35,9 @@ def grpo(config: Path = _CONFIG, overrides: list[str] = _OVERRIDES, resume: bool
     except ConfigError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
+    if show:
+        print_config(cfg)
+        return
     try:
         result = GRPOTrainer(cfg).run()
     except TrainingDiverged as err:

@@ -70,3 +70,27 @@ def test_bad_values_are_rejected():
 ])
 def test_shipped_recipes_load(recipe, cls):
     load_config(cls, REPO / "recipes" / recipe)
+
+
+@pytest.mark.parametrize("kind,recipe", [("sft", "smoke-sft.yaml"), ("distill", "smoke-distill.yaml"),
+                                         ("grpo", "smoke-grpo.yaml")])
+def test_print_config_is_a_recipe_that_loads_to_the_same_config(kind, recipe, tmp_path):
+    """``--print-config`` shows every key with the overrides applied, and its YAML is itself a recipe."""
+    from typer.testing import CliRunner
+
+    from dllm.cli import _mount_subcommands, app
+    from training.config import to_dict
+    from training.grpo import load_grpo_config
+
+    _mount_subcommands()
+    path = Path(__file__).resolve().parents[2] / "recipes" / recipe
+    r = CliRunner().invoke(app, ["train", kind, "-c", str(path), "seed=7", f"run_dir={tmp_path / 'run'}",
+                                 "--print-config"])
+    assert r.exit_code == 0, r.output
+    assert not (tmp_path / "run").exists()  # nothing ran
+    printed = tmp_path / "printed.yaml"
+    printed.write_text(r.output)
+    load = {"sft": lambda p: load_config(SFTConfig, p), "distill": lambda p: load_config(DistillConfig, p),
+            "grpo": lambda p: load_grpo_config(p)}[kind]
+    again = load(printed)
+    assert again.seed == 7 and to_dict(again) == to_dict(load(path)) | {"seed": 7, "run_dir": str(tmp_path / "run")}
