@@ -205,6 +205,63 @@ def _write(text: str) -> None:
         sys.stdout.flush()
 
 
+@app.command("info")
+def info(
+    model: str = typer.Argument("tiny", help="tiny, tiny-d2f, a checkpoint directory or a cached repo id."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Show a model without loading its weights: format, size, attention, special ids, decoding defaults."""
+    from dllm.generation.config import DiffusionGenerationConfig, GenerationConfigError
+    from dllm.loading import CheckpointError, check_checkpoint_dir, resolve_model_path, stored_parameter_count
+
+    try:
+        path = resolve_model_path(model)
+        cfg = check_checkpoint_dir(path, allow_pickle=True)
+        gen = DiffusionGenerationConfig.from_pretrained(path)
+        parameters = stored_parameter_count(path)
+    except (CheckpointError, GenerationConfigError, ValueError, OSError) as err:
+        _fail(str(err))
+        return
+    block_causal = cfg.get("attention_policy") == "block_causal"
+    defaults = DiffusionGenerationConfig().to_dict()
+    facts = {
+        "model": model,
+        "path": str(path),
+        "model_type": cfg.get("model_type"),
+        "parameters": parameters,
+        "attention": "block_causal" if block_causal else "bidirectional",
+        "block_size": cfg.get("block_size") if block_causal else None,
+        "context_length": cfg.get("max_sequence_length") or cfg.get("max_position_embeddings"),
+        "vocab_size": cfg.get("vocab_size"),
+        "mask_token_id": (gen.mask_token_id if gen and gen.mask_token_id is not None else cfg.get("mask_token_id")),
+        "eos_token_id": (gen.eos_token_id if gen and gen.eos_token_id is not None else cfg.get("eos_token_id")),
+        "chat_template": (path / "chat_template.jinja").exists()
+        or "chat_template" in _json_or_empty(path / "tokenizer_config.json"),
+        # the canvas shape and strategy, plus what generation_config.json changes from dllm's defaults
+        "generation_defaults": {k: v for k, v in (gen.to_dict() if gen else defaults).items()
+                                if k in ("strategy", "max_new_tokens", "block_length")
+                                or (v != defaults.get(k) and not k.endswith("_token_id"))},
+        "model_card": str(path / "README.md") if (path / "README.md").exists() else None,
+    }
+    if as_json:
+        typer.echo(json.dumps(facts))
+        return
+    width = max(map(len, facts))
+    for key, value in facts.items():
+        if key == "generation_defaults":
+            value = ", ".join(f"{k}={v}" for k, v in value.items())
+        elif key == "parameters" and value is not None:
+            value = f"{value:,} ({value / 1e6:.2f}M)" if value < 1e9 else f"{value:,} ({value / 1e9:.2f}B)"
+        typer.echo(f"{key:<{width}}  {value}")
+
+
+def _json_or_empty(path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def lm_eval_command(ctx: typer.Context) -> None:
     """lm-evaluation-harness with the `dllm` model registered (arguments go to lm-eval unchanged)."""
     try:

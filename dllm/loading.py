@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -98,6 +99,26 @@ def check_checkpoint_dir(path: Path, allow_pickle: bool = False) -> dict:
         if missing:
             raise CheckpointError(f"{path}: shards listed in the index are missing: {', '.join(missing)}")
     return config
+
+
+def stored_parameter_count(path: Path) -> int | None:
+    """Parameters stored in a checkpoint's safetensors files, read from their headers (no tensor is
+    loaded, so this is instant for an 8B model); None for pickled weights."""
+    from safetensors import safe_open
+
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+    elif (path / "model.safetensors").exists():
+        files = ["model.safetensors"]
+    else:
+        return None
+    total = 0
+    for name in files:
+        with safe_open(str(path / name), framework="pt") as f:
+            for key in f.keys():
+                total += math.prod(f.get_slice(key).get_shape())
+    return total
 
 
 def check_device(device: str | torch.device) -> torch.device:

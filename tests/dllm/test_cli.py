@@ -150,3 +150,19 @@ def test_generate_stream_prints_the_same_text_as_it_commits(ckpt, monkeypatch):
     assert "".join(chunks).rstrip("\n") == plain["text"]
     r = CliRunner().invoke(app, ["generate", "hi", "--model", str(ckpt), "--stream", "--json"])
     assert r.exit_code == 2 and "--stream prints plain text" in r.output
+
+
+def test_info_reads_headers_only_and_matches_the_loaded_model(ckpt):
+    from dllm.loading import load_model
+
+    r = CliRunner().invoke(app, ["info", str(ckpt), "--json"])
+    assert r.exit_code == 0, r.output
+    facts = json.loads(r.output.splitlines()[-1])
+    loaded = load_model(ckpt)
+    assert facts["parameters"] == sum(p.numel() for p in loaded.parameters())
+    assert facts["attention"] == "bidirectional" and facts["model_type"] == loaded.config.model_type
+    assert facts["generation_defaults"]["max_new_tokens"] == 16 and facts["generation_defaults"]["block_length"] == 8
+    r = CliRunner().invoke(app, ["info", "tiny-d2f"])
+    assert r.exit_code == 0 and "block_causal" in r.output and "strategy=d2f" in r.output and "(3.10M)" in r.output
+    r = CliRunner().invoke(app, ["info", "/no/such/model"])
+    assert r.exit_code == 2 and "neither a bundled name" in r.output

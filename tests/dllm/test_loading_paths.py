@@ -63,3 +63,14 @@ def test_adapter_repo_id_in_the_hub_cache(tmp_path, monkeypatch):
     assert (merged(ids).logits - plain(ids).logits).abs().max() > 1e-3
     with pytest.raises(CheckpointError, match="not a PEFT adapter directory"):
         load_model(tmp_path / "base", adapter="some-org/no-such-lora")
+
+
+def test_stored_parameter_count_reads_sharded_headers(tmp_path):
+    from dllm.loading import stored_parameter_count
+
+    model, _ = save_tiny_checkpoint(tmp_path / "one")
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
+    total = sum(p.numel() for p in model.parameters())
+    assert stored_parameter_count(tmp_path / "one") == total == stored_parameter_count(tmp_path / "sharded")
+    assert stored_parameter_count(tmp_path) is None  # no safetensors here
