@@ -166,3 +166,13 @@ def test_info_reads_headers_only_and_matches_the_loaded_model(ckpt):
     assert r.exit_code == 0 and "block_causal" in r.output and "strategy=d2f" in r.output and "(3.10M)" in r.output
     r = CliRunner().invoke(app, ["info", "/no/such/model"])
     assert r.exit_code == 2 and "neither a bundled name" in r.output
+
+
+def test_python_dash_m_dllm_runs_the_cli():
+    import subprocess
+    import sys
+
+    import dllm
+
+    run = subprocess.run([sys.executable, "-m", "dllm", "--version"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.startswith(f"dllm {dllm.__version__} "), run.stderr
