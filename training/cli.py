@@ -36,7 +36,7 @@ def _run(kind: str, config: Path | None, overrides: list[str] | None, resume: bo
     except ConfigError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
-    if show:
+    if show is True:  # called as a plain function the default is typer's OptionInfo, which is truthy
         print_config(cfg)
         return
     if kind == "sft":

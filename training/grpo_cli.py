@@ -35,7 +35,7 @@ def grpo(config: Path = _CONFIG, overrides: list[str] = _OVERRIDES, resume: bool
     except ConfigError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
-    if show:
+    if show is True:  # called as a plain function the default is typer's OptionInfo, which is truthy
         print_config(cfg)
         return
     try:
