@@ -150,6 +150,7 @@ def run_bench(
                        TimeRemainingColumn(), transient=True)
         bar.start()
         task = bar.add_task("", total=len(batches) * len(methods))
+
     def record(st: MethodStats, batch: list[Example], results, dt: float) -> None:
         st.seconds += dt
         for ex, res in zip(batch, results):

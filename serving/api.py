@@ -30,7 +30,7 @@ from .engine_process import ModelInfo, RemoteEngine
 from .errors import ServingError, bad_request, internal, not_ready, unsupported
 from .metrics import ServerMetrics
 from .protocol import DIFFUSION_FIELDS, ChatCompletionRequest, CompletionRequest, usage
-from .settings import ServerSettings
+from .settings import ServerSettings, apply_generation_defaults
 
 log = logging.getLogger("dllm.serving")
 
@@ -73,7 +73,7 @@ def load_bundle(settings: ServerSettings, model=None) -> ModelBundle:
     path = resolve_model_path(settings.model)
     if model is None:
         model = load_model(path, dtype=settings.dtype, device=settings.device)
-    settings.apply_generation_defaults(model)
+    apply_generation_defaults(model, settings.generation_defaults)
     return ModelBundle(model, load_tokenizer_for(path))
 
 

@@ -87,7 +87,8 @@ def serve(
     from .settings import ServerSettings
 
     try:
-        settings = ServerSettings(generation_defaults=parse_overrides(options or []), model=model, served_model_name=served_model_name, host=host, port=port,
+        settings = ServerSettings(generation_defaults=parse_overrides(options or []), model=model,
+                                  served_model_name=served_model_name, host=host, port=port,
                                   api_key=api_key, max_batch_size=max_batch_size, max_queue=max_queue,
                                   batch_wait_ms=batch_wait_ms, join=join, join_max_spread=join_max_spread or None,
                                   stream_interval_ms=stream_interval_ms,

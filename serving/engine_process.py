@@ -38,6 +38,7 @@ from dllm.generation.config import DiffusionGenerationConfig
 
 from .engine import Engine, EngineRequest, Event
 from .errors import ServingError, internal, queue_full
+from .settings import apply_generation_defaults
 
 log = logging.getLogger("dllm.serving")
 
@@ -212,9 +213,7 @@ def engine_main(conn, spec: dict) -> None:
             model = executor.model
         else:
             model = load_model(path, dtype=spec.get("dtype"), device=spec.get("device"))
-        if spec.get("generation_defaults"):
-            model.diffusion_generation_config = model.diffusion_generation_config.replace(
-                **spec["generation_defaults"])
+        apply_generation_defaults(model, spec.get("generation_defaults") or {})
         tokenizer = load_tokenizer_for(path)
         info = ModelInfo.from_model(model, tokenizer)
     except BaseException as err:  # noqa: BLE001 - everything is reported to the API process

@@ -70,11 +70,9 @@ class ServerSettings:
     generation_defaults: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from dllm.generation import DiffusionGenerationConfig
+        from dllm.generation.config import check_option_names
 
-        valid = set(DiffusionGenerationConfig.__dataclass_fields__)
-        if unknown := sorted(set(self.generation_defaults) - valid):
-            raise ValueError(f"unknown generation option(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")
+        check_option_names(self.generation_defaults)  # a GenerationConfigError is a ValueError
         for name in ("max_batch_size", "max_queue", "max_body_bytes", "max_prompt_tokens", "max_tokens_cap",
                      "max_n", "max_prompts", "max_rows_per_request", "max_stop", "max_stop_length",
                      "branch_parallel"):
@@ -91,12 +89,13 @@ class ServerSettings:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
 
-    def apply_generation_defaults(self, model) -> None:
-        """Lay ``generation_defaults`` over ``model``'s generation config (a bad value raises
-        ``GenerationConfigError``, a ValueError, naming the field)."""
-        if self.generation_defaults:
-            model.diffusion_generation_config = model.diffusion_generation_config.replace(**self.generation_defaults)
-
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model
+
+
+def apply_generation_defaults(model, defaults: dict[str, Any]) -> None:
+    """Lay ``ServerSettings.generation_defaults`` over ``model``'s generation config, wherever the
+    model is loaded (a bad value raises ``GenerationConfigError``, a ValueError, naming the field)."""
+    if defaults:
+        model.diffusion_generation_config = model.diffusion_generation_config.replace(**defaults)

@@ -140,12 +140,7 @@ class DiffusionGenerationConfig:
 
     # -- overrides and files ----------------------------------------------------------------
     def replace(self, **overrides: Any) -> DiffusionGenerationConfig:
-        valid = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(overrides) - valid)
-        if unknown:
-            raise GenerationConfigError(
-                f"unknown generation option(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}"
-            )
+        check_option_names(overrides)
         return dataclasses.replace(self, **overrides)
 
     def to_dict(self) -> dict[str, Any]:
@@ -158,12 +153,7 @@ class DiffusionGenerationConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DiffusionGenerationConfig:
-        valid = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - valid)
-        if unknown:
-            raise GenerationConfigError(
-                f"unknown generation option(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}"
-            )
+        check_option_names(data)
         data = dict(data)
         if "stop_strings" in data and data["stop_strings"] is not None:
             data["stop_strings"] = tuple(data["stop_strings"])
@@ -205,17 +195,25 @@ def parse_option_value(text: str) -> Any:
 def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """``["skip_threshold=0.7", "cache=dual"]`` -> ``{"skip_threshold": 0.7, "cache": "dual"}``;
     field names are checked against the config, values by the config when it is built."""
-    valid = {f.name for f in dataclasses.fields(DiffusionGenerationConfig)}
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key:
             raise GenerationConfigError(f"expected KEY=VALUE, got {item!r}")
-        if key not in valid:
-            raise GenerationConfigError(f"unknown generation option {key!r}; valid: {', '.join(sorted(valid))}")
         out[key] = parse_option_value(value.strip())
+    check_option_names(out)
     return out
+
+
+def check_option_names(names) -> None:
+    """GenerationConfigError listing the valid fields if any of ``names`` is not one."""
+    valid = {f.name for f in dataclasses.fields(DiffusionGenerationConfig)}
+    unknown = sorted(set(names) - valid)
+    if unknown:
+        raise GenerationConfigError(
+            f"unknown generation option(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}"
+        )
 
 
 def _check_field_types(cfg: DiffusionGenerationConfig) -> None:

@@ -40,7 +40,7 @@ def test_generate_text_and_status_line(ckpt):
     (["--threshold", "2"], "threshold must be in [0, 1]"),
     (["--model", "/no/such/dir"], "neither a bundled name"),
     (["--device", "tpu"], "is not a torch device"),
-    (["--set", "foo=1"], "unknown generation option 'foo'; valid: alg_temp"),
+    (["--set", "foo=1"], "unknown generation option(s) foo; valid: alg_temp"),
     (["--set", "threshold"], "expected KEY=VALUE, got 'threshold'"),
     (["--set", "threshold=high"], "threshold must be a number, got 'high'"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
