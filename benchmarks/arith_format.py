@@ -9,7 +9,9 @@ accuracy the run's own evaluation reports (64 test problems) at the middle and t
 * ``no-mul``: only + and - problems;
 * ``pad-operands``: operands zero-padded to 3 digits and answers to 4 (``What is 035 + 084 ?``);
 * ``tok-pad3`` / ``tok-pad4``: the plain text, with a tokenizer that left-pads numbers to 3 / 4
-  digits with an empty-digit token (``model.pad_numbers``).
+  digits with an empty-digit token (``model.pad_numbers``);
+* ``tok-num2`` / ``tok-num3``: the plain text, with a tokenizer that makes every number of up to
+  2 / 3 digits one token (``model.number_tokens``).
 
     python benchmarks/arith_format.py --variants plain,tok-pad4 --steps 600 --threads 2
 
@@ -26,7 +28,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("plain", "pad-answer", "no-mul", "pad-operands", "tok-pad3", "tok-pad4")
+VARIANTS = ("plain", "pad-answer", "no-mul", "pad-operands", "tok-pad3", "tok-pad4", "tok-num2", "tok-num3")
 
 
 def _patch(variant: str) -> None:
@@ -65,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("runs/arith-format"))
+    ap.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=None,
+                    help="override the recipe's (bf16); 'no' on CPUs without native bf16")
     ap.add_argument("--_child", help=argparse.SUPPRESS)
     args, rest = ap.parse_known_args(argv)
     if args._child:
@@ -82,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                      f"max_steps={args.steps}", "batch_size=128", "grad_accum=1", f"num_threads={args.threads}",
                      "data.tasks={arith: 1.0}", "data.max_new_tokens=16", f"eval_every={args.steps // 2}",
                      "eval_examples=64", f"save_every={args.steps}", "progress=false"]
-        overrides += [f"model.pad_numbers={v[-1] if v.startswith('tok-pad') else 0}"]
+        overrides += [f"model.pad_numbers={v[-1] if v.startswith('tok-pad') else 0}",
+                      f"model.number_tokens={v[-1] if v.startswith('tok-num') else 0}"]
+        if args.mixed_precision:
+            overrides += [f"mixed_precision={args.mixed_precision}"]
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
         subprocess.run([sys.executable, __file__, "--_child", v, *overrides], cwd=ROOT, env=env, check=True)
         with open(run / "eval.csv") as f:

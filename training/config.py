@@ -32,6 +32,8 @@ class ModelSection:
     tokenizer: str | None = None  # tokenizer dir; None: the checkpoint's, or built from the task suites
     # when the tokenizer is built from the suites: left-pad numbers to this many digits (0: off; dllm.tokenization)
     pad_numbers: int = 0
+    # ... or make every number of up to this many digits one token (0: off; exclusive with pad_numbers)
+    number_tokens: int = 0
     attention_policy: str | None = None  # override the checkpoint's (block-diffusion SFT: block_causal)
     block_size: int | None = None
     gradient_checkpointing: bool = False

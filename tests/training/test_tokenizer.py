@@ -131,3 +131,63 @@ def test_result_mask_finds_the_gsm_results_with_the_bundled_tokenizer(tokenizer)
     assert tokenizer.decode(ids[0][slots[0]].tolist()).split() == ["126", "162", "162"]
     with pytest.raises(ValueError, match="no trigger tokens"):  # a ConfigError
         result_token_ids(tokenizer, ["no-such-token"])
+
+
+@pytest.fixture(scope="module")
+def number_tokenizer():
+    from training.data import suite_texts
+
+    return build_tokenizer(suite_texts(), number_tokens=3)
+
+
+@pytest.mark.parametrize("name", suite_names())
+def test_number_tokens_round_trip_every_suite(number_tokenizer, name):
+    tok = number_tokenizer
+    for ex in get_suite(name).examples("test", 100, seed=7):
+        for text in (ex.prompt, ex.answer):
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+            assert tok.unk_token_id not in ids, text
+            assert tok.decode(ids) == text
+            assert len(ids) <= count_tokens(text)  # never more pieces than one per digit
+
+
+def test_number_tokens_make_whole_numbers_single_tokens(number_tokenizer, tmp_path):
+    tok = number_tokenizer
+    assert tok.tokenize("numbers 3 15 7 target 98 :") == ["▁numbers", "▁3", "▁15", "▁7", "▁target", "▁98", "▁:"]
+    # a longer number is cut into 3-digit pieces from the left and still decodes to itself
+    assert tok.tokenize("1234 + 5") == ["▁123", "4", "▁+", "▁5"]
+    assert tok.decode(tok("1234 + 5", add_special_tokens=False)["input_ids"]) == "1234 + 5"
+    # every 1-3 digit string is in the vocabulary, including ones no suite writes
+    for text in ("997", "007", "40"):
+        assert tok.unk_token_id not in tok(text, add_special_tokens=False)["input_ids"]
+    # Sudoku cells stay one token each
+    assert tok.tokenize("0 0 1 / 2 1") == ["▁0", "▁0", "▁1", "▁/", "▁2", "▁1"]
+    save_tokenizer(tok, tmp_path)
+    again = load_tokenizer(tmp_path)
+    assert again("12 * 7 = 84")["input_ids"] == tok("12 * 7 = 84")["input_ids"]
+    assert special_token_ids(again) == special_token_ids(tok)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"number_tokens": 1}, "number_tokens must be"),
+    ({"number_tokens": 4}, "number_tokens must be"),
+    ({"number_tokens": 3, "pad_numbers": 4}, "exclude each other"),
+])
+def test_bad_number_token_settings_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        build_tokenizer(["1"], **kwargs)
+
+
+def test_a_recipe_can_train_with_number_tokens(tmp_path):
+    from training.config import SFTConfig, load_config
+    from training.sft import SFTTrainer
+
+    from .conftest import micro_overrides
+
+    over = micro_overrides(tmp_path / "run", max_steps=2, **{
+        "model.tokenizer": "null", "model.number_tokens": 3, "data.tasks": "{countdown: 1}",
+        "data.max_new_tokens": 12})
+    result = SFTTrainer(load_config(SFTConfig, None, over)).run()
+    assert result.status == "finished"
+    tok = load_tokenizer(tmp_path / "run" / "final")
+    assert tok.tokenize("numbers 3 15 7 target 98 :")[2] == "▁15"
