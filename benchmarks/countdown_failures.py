@@ -12,7 +12,14 @@ written as steps or chains it also counts how many first steps are arithmeticall
 many last steps reach the target (``steps`` in the JSON); ``--block-length 1`` decodes strictly
 left to right.
 
+``--pairs`` scores the two-number problems instead (``numbers 4 7 target 28 :`` -> ``4 * 7``, the
+``pairs`` training option's problems, all 654 of them, 598 in the training split and 56 in the
+test split; ``--split`` picks which, ``--n`` caps the count): their shapes are the single
+operations (``n * n``), so it shows whether a model can tell which one operation lands on a
+target at all.
+
     python benchmarks/countdown_failures.py --model tiny --strategy vanilla --n 600
+    python benchmarks/countdown_failures.py --model tiny --strategy vanilla --pairs --split train
 """
 
 from __future__ import annotations
@@ -81,6 +88,17 @@ def step_checks(text: str, target: int) -> tuple[bool, bool] | None:
     return value(steps[0]) == int(steps[0].group(4)), value(steps[-1]) == target
 
 
+def pair_examples(split: str, n: int) -> list:
+    """The first ``n`` two-number problems of ``split``, in enumeration order, as suite examples."""
+    from eval.tasks import Example
+    from eval.tasks.base import split_of_key
+    from eval.tasks.countdown import all_pair_problems
+
+    problems = [p for p in all_pair_problems() if split_of_key(p.key) == split][:n]
+    return [Example(f"countdown-pairs-{split}-{i:05d}", "countdown", p.prompt, p.answer, {**p.meta, "key": p.key})
+            for i, p in enumerate(problems)]
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny")
@@ -90,6 +108,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="held-out problems (default) or training-split ones, to tell memorising from learning")
     ap.add_argument("--block-length", type=int, default=None,
                     help="decoding block length (1: strictly left to right); default: the model's own")
+    ap.add_argument("--pairs", action="store_true",
+                    help="score the two-number problems of --split (up to --n) instead of three-number ones")
     ap.add_argument("--batch-size", type=int, default=50)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, help="also write the results here")
@@ -123,7 +143,10 @@ def main(argv: list[str] | None = None) -> dict:
         except ValueError as err:
             raise SystemExit(f"--block-length: {err}") from None
     suite = get_suite("countdown")
-    examples = list(suite.examples(args.split, args.n))
+    if args.pairs:
+        examples = pair_examples(args.split, args.n)
+    else:
+        examples = list(suite.examples(args.split, args.n))
     kinds: Counter[str] = Counter()
     right_form: Counter[str] = Counter()
     by_shape: dict[str, list[int]] = {}
@@ -148,6 +171,7 @@ def main(argv: list[str] | None = None) -> dict:
             cell[1] += 1
     shapes = {s: {"correct": c, "n": m} for s, (c, m) in sorted(by_shape.items(), key=lambda kv: -kv[1][1])}
     print(f"model={args.model} strategy={cfg.strategy} block_length={cfg.block_length} split={args.split} "
+          f"{'pairs ' if args.pairs else ''}"
           f"n={len(examples)} torch_threads={torch.get_num_threads()}")
     for k in KINDS:
         print(f"  {k:<15}{kinds[k]:>5}")
@@ -158,7 +182,7 @@ def main(argv: list[str] | None = None) -> dict:
     for s, v in shapes.items():
         print(f"  {s:<22}{v['correct']:>4}/{v['n']:<4}{100 * v['correct'] / v['n']:6.1f}%")
     result = {"model": args.model, "strategy": cfg.strategy, "block_length": cfg.block_length,
-              "split": args.split, "n": len(examples),
+              "split": args.split, "pairs": args.pairs, "n": len(examples),
               "torch_threads": torch.get_num_threads(), "counts": {k: kinds[k] for k in KINDS},
               "right_answers": {"canonical": right_form["canonical"], "other": right_form["other"]},
               "steps": {k: steps[k] for k in ("answers", "first step true", "last step reaches target")},

@@ -262,6 +262,33 @@ def load_answer_table(path: str) -> dict[str, str]:
     return table
 
 
+@lru_cache(maxsize=512)
+def pair_solutions(numbers: tuple[int, int]) -> dict[int, str]:
+    """target -> the first single operation over two sorted numbers that reaches it (targets >= 1)."""
+    table: dict[int, str] = {}
+    for a, b in dict.fromkeys(itertools.permutations(numbers)):
+        for op in OPS:
+            v = _apply(a, op, b)
+            if v is not None and v >= MIN_TARGET:
+                table.setdefault(v, f"{a} {op} {b}")
+    return table
+
+
+def _pair_problem(numbers: list[int], target: int, expression: str, steps: bool = False) -> Problem:
+    answer = render_steps(expression) if steps else expression
+    key = " ".join(map(str, sorted(numbers))) + f"={target}"
+    prompt = f"numbers {' '.join(map(str, numbers))} target {target} :"
+    return Problem(key, prompt, answer, {"numbers": numbers, "target": target})
+
+
+def all_pair_problems() -> list[Problem]:
+    """Every two-number problem the ``pairs`` training option can draw (numbers in sorted order),
+    of both splits; ``split_of_key(problem.key)`` tells which."""
+    return [_pair_problem([a, b], t, e)
+            for a in range(MIN_NUMBER, MAX_NUMBER + 1) for b in range(a, MAX_NUMBER + 1)
+            for t, e in sorted(pair_solutions((a, b)).items())]
+
+
 class CountdownSuite(TaskSuite):
     """3-number Countdown with targets in [1, 100].
 
@@ -323,17 +350,9 @@ class CountdownSuite(TaskSuite):
 
     def _draw_pair(self, rng: random.Random) -> Problem:
         numbers = [rng.randint(MIN_NUMBER, MAX_NUMBER) for _ in range(2)]
-        table: dict[int, str] = {}
-        for a, b in dict.fromkeys(itertools.permutations(sorted(numbers))):
-            for op in OPS:
-                v = _apply(a, op, b)
-                if v is not None and v >= MIN_TARGET:
-                    table.setdefault(v, f"{a} {op} {b}")
+        table = pair_solutions(tuple(sorted(numbers)))
         target = rng.choice(sorted(table))
-        answer = render_steps(table[target]) if self.answers == "steps" else table[target]
-        key = " ".join(map(str, sorted(numbers))) + f"={target}"
-        prompt = f"numbers {' '.join(map(str, numbers))} target {target} :"
-        return Problem(key, prompt, answer, {"numbers": numbers, "target": target})
+        return _pair_problem(numbers, target, table[target], self.answers == "steps")
 
     def _draw(self, rng: random.Random) -> Problem:
         if self.pairs and rng.random() < self.pairs:

@@ -81,3 +81,16 @@ def test_unwritable_json_path_fails_before_the_run(run_benchmark, tmp_path, caps
     with pytest.raises(SystemExit):
         run_benchmark("countdown_failures", ["--n", "600", "--json", str(blocker / "out.json")])
     assert "cannot create the folder" in capsys.readouterr().err
+
+
+def test_pair_problems(load_benchmark, run_benchmark):
+    cf = load_benchmark("countdown_failures")
+    suite = get_suite("countdown")
+    train, test = cf.pair_examples("train", 10_000), cf.pair_examples("test", 10_000)
+    assert (len(train), len(test)) == (598, 56)
+    assert not {e.meta["key"] for e in train} & {e.meta["key"] for e in test}
+    for ex in train[:50] + test:  # every reference is one operation that reaches the target
+        assert len(ex.meta["numbers"]) == 2 and suite.score(ex, ex.answer).correct, ex
+    result = run_benchmark("countdown_failures", ["--pairs", "--n", "5", "--batch-size", "5"])
+    assert result["pairs"] is True and result["n"] == 5 == sum(result["counts"].values())
+    assert all(len(s.split()) == 3 for s in result["by_shape"])  # "n op n"
