@@ -97,11 +97,20 @@ def _number_pieces(max_digits: int) -> list[str]:
     return numbers + [SPACE + n for n in numbers]
 
 
+# A Sudoku cell after the first of its row: a single digit after "d " that ends its row within two
+# more cells ("0 0 0 2 / 2 1 4 3"). Other numbers after "d " are numbers ("numbers 3 15 7 target").
+_LATER_CELL = r"(?<=[0-9] )(?=[0-9](?: [0-9](?![0-9])){0,2}(?: /|\s*$))"
+
+
 def _number_padder(width: int) -> normalizers.Normalizer:
-    """Insert ``width - n`` empty digits before every n-digit number (n < width), except inside runs
-    of space-separated cells (a digit right after "d " or "/ ")."""
+    """Insert ``width - n`` empty digits before every n-digit number (n < width), except Sudoku
+    cells after the first: the first cell of a grid is padded, the cells after it are not.
+
+    Tokenizers built before session 27 (the bundled ones keep theirs in ``tokenizer.json``) also
+    left unpadded every number that follows "d ", so a countdown prompt ``numbers 3 15 7`` padded
+    only its first number while the answer ``3 * 15 + 7`` padded all three."""
     e = EMPTY_DIGIT
-    start = rf"(?<![0-9{e}])(?<![0-9] )(?<!/ )"
+    start = rf"(?<![0-9{e}])(?<!/ )(?!{_LATER_CELL})"
     return normalizers.Sequence([normalizers.Replace(Regex(rf"{start}(?=[0-9]{{{n}}}(?![0-9]))"), e * (width - n))
                                  for n in range(1, width)])
 

@@ -191,3 +191,25 @@ def test_a_recipe_can_train_with_number_tokens(tmp_path):
     assert result.status == "finished"
     tok = load_tokenizer(tmp_path / "run" / "final")
     assert tok.tokenize("numbers 3 15 7 target 98 :")[2] == "▁15"
+
+
+def test_padding_reads_every_countdown_number_alike(padded_tokenizer):
+    tok = padded_tokenizer
+    # every number of the prompt is padded, as in the answer (the cell rule used to skip "15" and "7")
+    assert tok.tokenize("numbers 3 15 7 target 98 :") == [
+        "▁numbers", "▁∅", "∅", "∅", "3", "▁∅", "∅", "1", "5", "▁∅", "∅", "∅", "7", "▁target", "▁∅", "∅", "9", "8", "▁:"]
+    assert tok.tokenize("numbers 3 5 7 target 9 :").count("▁∅") == 4
+    # Sudoku grids keep their layout: the first cell padded, the later ones not, also at the end of a chat turn
+    grid = "sudoku : 0 0 0 2 / 2 1 4 3 / 3 0 0 1 / 1 0 3 4"
+    assert tok.tokenize(grid).count("▁∅") == 1 and len(tok.tokenize(grid)) == 24
+
+
+def test_only_countdown_prompts_differ_from_the_bundled_tokenizer(padded_tokenizer, tokenizer):
+    """The bundled tokenizer keeps the older cell rule in its tokenizer.json; a rebuilt one differs
+    from it on countdown prompts only, with the same vocabulary."""
+    assert padded_tokenizer.get_vocab() == tokenizer.get_vocab()
+    for name in suite_names():
+        for ex in get_suite(name).examples("test", 100, seed=11):
+            for kind, text in (("prompt", ex.prompt), ("answer", ex.answer)):
+                same = padded_tokenizer.tokenize(text) == tokenizer.tokenize(text)
+                assert same is not (name == "countdown" and kind == "prompt"), (name, text)
