@@ -302,6 +302,13 @@ def validate(cfg: TrainConfig) -> None:
         bad("data.tasks needs at least one suite with a positive weight")
     if cfg.data.suite_options and (err := suite_options_error(cfg.data)):
         bad(err)
+    if cfg.model.pad_numbers and cfg.model.pad_numbers < 2:
+        bad(f"model.pad_numbers={cfg.model.pad_numbers} must be 0 (off) or >= 2")
+    if cfg.model.number_tokens and not 2 <= cfg.model.number_tokens <= 3:
+        bad(f"model.number_tokens={cfg.model.number_tokens} must be 0 (off), 2 or 3")
+    if cfg.model.pad_numbers and cfg.model.number_tokens:
+        bad("model.pad_numbers and model.number_tokens exclude each other (digits padded to a width, or whole "
+            "numbers as tokens); set one of them to 0 (recipes/tiny-sft.yaml sets pad_numbers: 4)")
     if cfg.model.path and cfg.model.grow_from:
         bad(f"model.path ({cfg.model.path}) and model.grow_from ({cfg.model.grow_from}) are exclusive: grow_from "
             "builds model.config and copies the checkpoint's layers into it (add model.path=null to a recipe that "

@@ -62,6 +62,15 @@ def test_bad_values_are_rejected():
     for key in ("prefix_prob", "full_mask_prob", "t_min", "result_mask_prob"):
         with pytest.raises(ConfigError, match=rf"{key}=1.5 must be in \[0, 1\]"):
             load_config(SFTConfig, None, [f"{key}=1.5"])
+    # tokenizer settings fail as config errors (a clean CLI message), not deep in the tokenizer build
+    with pytest.raises(ConfigError, match="model.number_tokens=5 must be"):
+        load_config(SFTConfig, None, ["model.number_tokens=5"])
+    with pytest.raises(ConfigError, match="model.pad_numbers=1 must be"):
+        load_config(SFTConfig, None, ["model.pad_numbers=1"])
+    with pytest.raises(ConfigError, match="exclude each other"):
+        load_config(SFTConfig, REPO / "recipes" / "tiny-sft.yaml", ["model.number_tokens=3"])
+    assert load_config(SFTConfig, REPO / "recipes" / "tiny-sft.yaml",
+                       ["model.number_tokens=3", "model.pad_numbers=0"]).model.number_tokens == 3
 
 
 @pytest.mark.parametrize("recipe,cls", [
