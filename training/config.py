@@ -304,8 +304,10 @@ def validate(cfg: TrainConfig) -> None:
         bad(err)
     if cfg.model.pad_numbers and cfg.model.pad_numbers < 2:
         bad(f"model.pad_numbers={cfg.model.pad_numbers} must be 0 (off) or >= 2")
-    if cfg.model.number_tokens and not 2 <= cfg.model.number_tokens <= 3:
-        bad(f"model.number_tokens={cfg.model.number_tokens} must be 0 (off), 2 or 3")
+    from dllm.tokenization import MAX_NUMBER_TOKEN_DIGITS
+
+    if cfg.model.number_tokens and not 2 <= cfg.model.number_tokens <= MAX_NUMBER_TOKEN_DIGITS:
+        bad(f"model.number_tokens={cfg.model.number_tokens} must be 0 (off) or in [2, {MAX_NUMBER_TOKEN_DIGITS}]")
     if cfg.model.pad_numbers and cfg.model.number_tokens:
         bad("model.pad_numbers and model.number_tokens exclude each other (digits padded to a width, or whole "
             "numbers as tokens); set one of them to 0 (recipes/tiny-sft.yaml sets pad_numbers: 4)")

@@ -63,7 +63,7 @@ def test_bad_values_are_rejected():
         with pytest.raises(ConfigError, match=rf"{key}=1.5 must be in \[0, 1\]"):
             load_config(SFTConfig, None, [f"{key}=1.5"])
     # tokenizer settings fail as config errors (a clean CLI message), not deep in the tokenizer build
-    with pytest.raises(ConfigError, match="model.number_tokens=5 must be"):
+    with pytest.raises(ConfigError, match=r"model.number_tokens=5 must be 0 \(off\) or in \[2, 3\]"):
         load_config(SFTConfig, None, ["model.number_tokens=5"])
     with pytest.raises(ConfigError, match="model.pad_numbers=1 must be"):
         load_config(SFTConfig, None, ["model.pad_numbers=1"])

@@ -79,16 +79,6 @@ def padded_tokenizer():
     return build_tokenizer(suite_texts(), pad_numbers=4)
 
 
-@pytest.mark.parametrize("name", suite_names())
-def test_padded_numbers_round_trip(padded_tokenizer, name):
-    tok = padded_tokenizer
-    for ex in get_suite(name).examples("test", 100, seed=5):
-        for text in (ex.prompt, ex.answer):
-            ids = tok(text, add_special_tokens=False)["input_ids"]
-            assert tok.unk_token_id not in ids, text
-            assert tok.decode(ids) == text
-
-
 def test_padded_numbers_have_a_fixed_width(padded_tokenizer, tmp_path):
     tok = padded_tokenizer
     assert tok.tokenize("What is 5 + 84 ?") == ["▁What", "▁is", "▁∅", "∅", "∅", "5", "▁+", "▁∅", "∅", "8", "4", "▁?"]
@@ -140,15 +130,17 @@ def number_tokenizer():
     return build_tokenizer(suite_texts(), number_tokens=3)
 
 
+@pytest.mark.parametrize("kind", ["padded", "number"])
 @pytest.mark.parametrize("name", suite_names())
-def test_number_tokens_round_trip_every_suite(number_tokenizer, name):
-    tok = number_tokenizer
-    for ex in get_suite(name).examples("test", 100, seed=7):
+def test_padded_and_number_tokenizers_round_trip(request, kind, name):
+    tok = request.getfixturevalue(f"{kind}_tokenizer")
+    for ex in get_suite(name).examples("test", 100, seed=5):
         for text in (ex.prompt, ex.answer):
             ids = tok(text, add_special_tokens=False)["input_ids"]
             assert tok.unk_token_id not in ids, text
             assert tok.decode(ids) == text
-            assert len(ids) <= count_tokens(text)  # never more pieces than one per digit
+            if kind == "number":
+                assert len(ids) <= count_tokens(text)  # never more pieces than one per digit
 
 
 def test_number_tokens_make_whole_numbers_single_tokens(number_tokenizer, tmp_path):
