@@ -11,7 +11,9 @@ accuracy the run's own evaluation reports (64 test problems) at the middle and t
 * ``tok-pad3`` / ``tok-pad4``: the plain text, with a tokenizer that left-pads numbers to 3 / 4
   digits with an empty-digit token (``model.pad_numbers``);
 * ``tok-num2`` / ``tok-num3``: the plain text, with a tokenizer that makes every number of up to
-  2 / 3 digits one token (``model.number_tokens``).
+  2 / 3 digits one token (``model.number_tokens``);
+* ``tok-tag4``: ``tok-pad4`` plus a whole-number tag token before each padded number
+  (``model.number_tags``: both views of a number).
 
     python benchmarks/arith_format.py --variants plain,tok-pad4 --steps 600 --threads 2
 
@@ -28,7 +30,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("plain", "pad-answer", "no-mul", "pad-operands", "tok-pad3", "tok-pad4", "tok-num2", "tok-num3")
+VARIANTS = ("plain", "pad-answer", "no-mul", "pad-operands", "tok-pad3", "tok-pad4", "tok-num2", "tok-num3", "tok-tag4")
 
 
 def _patch(variant: str) -> None:
@@ -86,8 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                      f"max_steps={args.steps}", "batch_size=128", "grad_accum=1", f"num_threads={args.threads}",
                      "data.tasks={arith: 1.0}", "data.max_new_tokens=16", f"eval_every={args.steps // 2}",
                      "eval_examples=64", f"save_every={args.steps}", "progress=false"]
-        overrides += [f"model.pad_numbers={v[-1] if v.startswith('tok-pad') else 0}",
-                      f"model.number_tokens={v[-1] if v.startswith('tok-num') else 0}"]
+        overrides += [f"model.pad_numbers={v[-1] if v.startswith(('tok-pad', 'tok-tag')) else 0}",
+                      f"model.number_tokens={v[-1] if v.startswith('tok-num') else 0}",
+                      f"model.number_tags={v.startswith('tok-tag')}"]
         if args.mixed_precision:
             overrides += [f"mixed_precision={args.mixed_precision}"]
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")

@@ -19,6 +19,15 @@ Sudoku grid's cells, ``0 0 0 2 / 2 1 4 3``) are cells, not numbers: only the fir
 a longer number is split into D-digit pieces from the left), so an arithmetic fact such as
 ``12 * 7 = 84`` is a relation between three tokens rather than between digit strings. Every
 1..D-digit string is in the vocabulary, seen in the data or not (about 2,200 entries for D=3).
+
+``number_tags=True`` (with ``pad_numbers=W``) gives every padded number both views: a whole-number
+*tag* token that decodes to nothing, then its padded digits (``"35 + 84"`` -> ``▁⟦35⟧ ∅ ∅ 3 5 ▁+
+▁⟦84⟧ ∅ ∅ 8 4``). The tag makes a relation between numbers (``12 * 7`` lands on 84) a relation
+between tokens, which countdown needs; the padded digits keep the column alignment that arith needs
+(docs/training.md, session 27: whole-number tokens alone make arith unlearnable). Numbers of W or
+more digits and the unpadded Sudoku cells get no tag. ``tokenizers`` normalizers cannot copy a
+matched number, so the tagger is one literal rule per 1..W-1-digit string (1,110 for W=4; ~0.4 ms
+per text).
 """
 
 from __future__ import annotations
@@ -52,6 +61,8 @@ SPECIAL_TOKENS = (PAD_TOKEN, UNK_TOKEN, EOS_TOKEN, MASK_TOKEN, USER_TOKEN, ASSIS
 PIECE_PATTERN = rf"{SPACE}?[A-Za-z]+|{SPACE}?[0-9]|{SPACE}?[^A-Za-z0-9{SPACE}]|{SPACE}"
 
 EMPTY_DIGIT = "\u2205"  # "∅": pads numbers to a fixed width (pad_numbers); decodes to nothing
+TAG_OPEN, TAG_CLOSE = "\u27e6", "\u27e7"  # "⟦", "⟧": a number tag ⟦35⟧ (number_tags); decodes to nothing
+TAG_PATTERN = f"{TAG_OPEN}[0-9]+{TAG_CLOSE}"
 PADDED_PIECE_PATTERN = rf"{SPACE}?[A-Za-z]+|{SPACE}?[0-9{EMPTY_DIGIT}]|{SPACE}?[^A-Za-z0-9{SPACE}{EMPTY_DIGIT}]|{SPACE}"
 
 # Roles: the user turn and the generation prompt are what training and generation feed the model.
@@ -71,24 +82,35 @@ CHAT_TEMPLATE = (
 MAX_NUMBER_TOKEN_DIGITS = 3  # 10^4 four-digit tokens (x2 with the space marker) would dwarf a tiny model
 
 
-def pieces(text: str, pad_numbers: int = 0, number_tokens: int = 0) -> list[str]:
+def pieces(text: str, pad_numbers: int = 0, number_tokens: int = 0, number_tags: bool = False) -> list[str]:
     """The pieces ``text`` splits into (before the vocabulary lookup)."""
-    if pad_numbers:
-        text = _number_padder(pad_numbers).normalize_str(text)
-    return [p for p, _ in _pre_tokenizer(pad_numbers, number_tokens).pre_tokenize_str(text)]
+    norm = _normalizer(pad_numbers, number_tags)
+    if norm is not None:
+        text = norm.normalize_str(text)
+    return [p for p, _ in _pre_tokenizer(pad_numbers, number_tokens, number_tags).pre_tokenize_str(text)]
 
 
-def _piece_pattern(pad_numbers: int = 0, number_tokens: int = 0) -> str:
+def _piece_pattern(pad_numbers: int = 0, number_tokens: int = 0, number_tags: bool = False) -> str:
     if number_tokens:
         return PIECE_PATTERN.replace("[0-9]", f"[0-9]{{1,{number_tokens}}}", 1)
+    if number_tags:  # first, or the catch-all single-character branch would split ⟦ off
+        return rf"{SPACE}?{TAG_PATTERN}|" + PADDED_PIECE_PATTERN
     return PADDED_PIECE_PATTERN if pad_numbers else PIECE_PATTERN
 
 
-def _pre_tokenizer(pad_numbers: int = 0, number_tokens: int = 0) -> pre_tokenizers.PreTokenizer:
+def _pre_tokenizer(pad_numbers: int = 0, number_tokens: int = 0,
+                   number_tags: bool = False) -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence([
         pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="always", split=False),
-        pre_tokenizers.Split(Regex(_piece_pattern(pad_numbers, number_tokens)), behavior="isolated"),
+        pre_tokenizers.Split(Regex(_piece_pattern(pad_numbers, number_tokens, number_tags)), behavior="isolated"),
     ])
+
+
+def _normalizer(pad_numbers: int = 0, number_tags: bool = False) -> normalizers.Normalizer | None:
+    if not pad_numbers:
+        return None
+    padder = _number_padder(pad_numbers)
+    return normalizers.Sequence([padder, _number_tagger(pad_numbers)]) if number_tags else padder
 
 
 def _number_pieces(max_digits: int) -> list[str]:
@@ -115,6 +137,23 @@ def _number_padder(width: int) -> normalizers.Normalizer:
                                  for n in range(1, width)])
 
 
+def _tag_strings(width: int) -> list[str]:
+    """The digit strings that get a tag once padded to ``width``: every 1..width-1-digit string."""
+    return [f"{n:0{d}d}" for d in range(1, width) for n in range(10 ** d)]
+
+
+def _number_tagger(width: int) -> normalizers.Normalizer:
+    """Put ``⟦s⟧`` before every padded number ``∅..∅s`` (runs after the padder, so exactly the padded
+    numbers are tagged: an n-digit string carries width - n empty digits, which identifies it)."""
+    e = EMPTY_DIGIT
+    free = rf"(?<![0-9{e}{TAG_OPEN}{TAG_CLOSE}])"
+    return normalizers.Sequence([
+        normalizers.Replace(Regex(rf"{free}{e}{{{width - len(s)}}}{s}(?![0-9])"),
+                            f"{TAG_OPEN}{s}{TAG_CLOSE}" + e * (width - len(s)) + s)
+        for s in _tag_strings(width)
+    ])
+
+
 def _base_pieces() -> list[str]:
     """Pieces every tokenizer has, seen in the data or not: digits and ASCII punctuation in both forms."""
     singles = list(string.digits) + list(string.punctuation)
@@ -122,13 +161,14 @@ def _base_pieces() -> list[str]:
 
 
 def build_tokenizer(texts: Iterable[str], extra_pieces: Iterable[str] = (), pad_numbers: int = 0,
-                    number_tokens: int = 0):
+                    number_tokens: int = 0, number_tags: bool = False):
     """A ``PreTrainedTokenizerFast`` whose vocabulary is every piece of ``texts`` (plus digits,
     punctuation, the chat tokens and the special tokens), with the chat template set.
 
     ``pad_numbers=W`` (W >= 2): numbers are left-padded to W digits with ``∅``; ``number_tokens=D``
-    (2 <= D <= 3): runs of up to D digits are single tokens (module docstring). The two exclude
-    each other."""
+    (2 <= D <= 3): runs of up to D digits are single tokens; the two exclude each other.
+    ``number_tags`` (needs ``pad_numbers``): each padded number also gets a whole-number tag token
+    before its digits (module docstring)."""
     from transformers import PreTrainedTokenizerFast
 
     if pad_numbers and pad_numbers < 2:
@@ -138,13 +178,18 @@ def build_tokenizer(texts: Iterable[str], extra_pieces: Iterable[str] = (), pad_
     if pad_numbers and number_tokens:
         raise ValueError("pad_numbers and number_tokens exclude each other (digits padded to a width, "
                          "or whole numbers as tokens); set one of them to 0")
-    pre = _pre_tokenizer(pad_numbers, number_tokens)
-    norm = _number_padder(pad_numbers) if pad_numbers else None
+    if number_tags and not pad_numbers:
+        raise ValueError("number_tags tags padded numbers: it needs pad_numbers (e.g. 4)")
+    pre = _pre_tokenizer(pad_numbers, number_tokens, number_tags)
+    norm = _normalizer(pad_numbers, number_tags)
     found: set[str] = set(_base_pieces()) | set(extra_pieces)
     if number_tokens:
         found |= set(_number_pieces(number_tokens))
     if norm is not None:
         found |= {EMPTY_DIGIT, SPACE + EMPTY_DIGIT}
+    if number_tags:
+        tags = [f"{TAG_OPEN}{s}{TAG_CLOSE}" for s in _tag_strings(pad_numbers)]
+        found |= set(tags) | {SPACE + t for t in tags}
     for text in texts:
         if norm is not None:
             text = norm.normalize_str(text)
@@ -159,7 +204,10 @@ def build_tokenizer(texts: Iterable[str], extra_pieces: Iterable[str] = (), pad_
     metaspace = decoders.Metaspace(replacement=SPACE, prepend_scheme="always", split=False)
     if norm is not None:
         tok.normalizer = norm
-        tok.decoder = decoders.Sequence([decoders.Replace(EMPTY_DIGIT, ""), metaspace])
+        hide = [decoders.Replace(EMPTY_DIGIT, "")]
+        if number_tags:
+            hide.append(decoders.Replace(Regex(TAG_PATTERN), ""))
+        tok.decoder = decoders.Sequence([*hide, metaspace])
     else:
         tok.decoder = metaspace
     # The space after <|user|> and before <|assistant|> belongs to the template, not to the prompt.

@@ -34,6 +34,8 @@ class ModelSection:
     pad_numbers: int = 0
     # ... or make every number of up to this many digits one token (0: off; exclusive with pad_numbers)
     number_tokens: int = 0
+    # with pad_numbers: each padded number also gets a whole-number tag token before its digits
+    number_tags: bool = False
     attention_policy: str | None = None  # override the checkpoint's (block-diffusion SFT: block_causal)
     block_size: int | None = None
     gradient_checkpointing: bool = False
@@ -311,6 +313,8 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.model.pad_numbers and cfg.model.number_tokens:
         bad("model.pad_numbers and model.number_tokens exclude each other (digits padded to a width, or whole "
             "numbers as tokens); set one of them to 0 (recipes/tiny-sft.yaml sets pad_numbers: 4)")
+    if cfg.model.number_tags and not cfg.model.pad_numbers:
+        bad("model.number_tags tags padded numbers: it needs model.pad_numbers (e.g. 4)")
     if cfg.model.path and cfg.model.grow_from:
         bad(f"model.path ({cfg.model.path}) and model.grow_from ({cfg.model.grow_from}) are exclusive: grow_from "
             "builds model.config and copies the checkpoint's layers into it (add model.path=null to a recipe that "

@@ -26,7 +26,8 @@ def load_tokenizer_for(section: ModelSection):
         return load_tokenizer(path)
     from .data import suite_texts
 
-    return build_tokenizer(suite_texts(), pad_numbers=section.pad_numbers, number_tokens=section.number_tokens)
+    return build_tokenizer(suite_texts(), pad_numbers=section.pad_numbers, number_tokens=section.number_tokens,
+                           number_tags=section.number_tags)
 
 
 def init_model(section: ModelSection, tokenizer, attention_policy: str | None = None,

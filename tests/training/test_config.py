@@ -71,6 +71,9 @@ def test_bad_values_are_rejected():
         load_config(SFTConfig, REPO / "recipes" / "tiny-sft.yaml", ["model.number_tokens=3"])
     assert load_config(SFTConfig, REPO / "recipes" / "tiny-sft.yaml",
                        ["model.number_tokens=3", "model.pad_numbers=0"]).model.number_tokens == 3
+    with pytest.raises(ConfigError, match="model.number_tags tags padded numbers: it needs model.pad_numbers"):
+        load_config(SFTConfig, None, ["model.number_tags=true"])
+    assert load_config(SFTConfig, REPO / "recipes" / "tiny-sft.yaml", ["model.number_tags=true"]).model.number_tags
 
 
 @pytest.mark.parametrize("recipe,cls", [

@@ -130,7 +130,14 @@ def number_tokenizer():
     return build_tokenizer(suite_texts(), number_tokens=3)
 
 
-@pytest.mark.parametrize("kind", ["padded", "number"])
+@pytest.fixture(scope="module")
+def tagged_tokenizer():
+    from training.data import suite_texts
+
+    return build_tokenizer(suite_texts(), pad_numbers=4, number_tags=True)
+
+
+@pytest.mark.parametrize("kind", ["padded", "number", "tagged"])
 @pytest.mark.parametrize("name", suite_names())
 def test_padded_and_number_tokenizers_round_trip(request, kind, name):
     tok = request.getfixturevalue(f"{kind}_tokenizer")
@@ -141,6 +148,12 @@ def test_padded_and_number_tokenizers_round_trip(request, kind, name):
             assert tok.decode(ids) == text
             if kind == "number":
                 assert len(ids) <= count_tokens(text)  # never more pieces than one per digit
+            if kind == "tagged":  # the padded pieces plus one tag per padded number
+                padded = request.getfixturevalue("padded_tokenizer").tokenize(text)
+                tags = [p for p in tok.convert_ids_to_tokens(ids) if "\u27e6" in p]
+                assert len(ids) == len(padded) + len(tags)
+                assert len(tags) == sum(p.endswith("\u2205") and (i == 0 or not padded[i - 1].endswith("\u2205"))
+                                        for i, p in enumerate(padded))
 
 
 def test_number_tokens_make_whole_numbers_single_tokens(number_tokenizer, tmp_path):
@@ -160,7 +173,31 @@ def test_number_tokens_make_whole_numbers_single_tokens(number_tokenizer, tmp_pa
     assert special_token_ids(again) == special_token_ids(tok)
 
 
+def test_number_tags_give_each_padded_number_both_views(tagged_tokenizer, tmp_path):
+    tok = tagged_tokenizer
+    assert tok.tokenize("numbers 3 15 7 target 98 :") == [
+        "▁numbers", "▁⟦3⟧", "∅", "∅", "∅", "3", "▁⟦15⟧", "∅", "∅", "1", "5", "▁⟦7⟧", "∅", "∅", "∅", "7",
+        "▁target", "▁⟦98⟧", "∅", "∅", "9", "8", "▁:"]
+    # a tag is glued to what comes before it, like the first padding piece it precedes
+    assert tok.tokenize("(3 * 15)") == ["▁(", "⟦3⟧", "∅", "∅", "∅", "3", "▁*", "▁⟦15⟧", "∅", "∅", "1", "5", ")"]
+    # 4-digit numbers are not padded, so not tagged; every 1-3 digit string has a tag, seen in the data or not
+    assert tok.tokenize("1234 = 997") == ["▁1", "2", "3", "4", "▁=", "▁⟦997⟧", "∅", "9", "9", "7"]
+    assert tok.unk_token_id not in tok("007 40", add_special_tokens=False)["input_ids"]
+    # a Sudoku grid gains one token: only its first (padded) cell is tagged
+    grid = "sudoku : 0 0 0 2 / 2 1 4 3 / 3 0 0 1 / 1 0 3 4"
+    assert len(tok.tokenize(grid)) == 25 and tok.tokenize(grid)[2] == "▁⟦0⟧"
+    # tags decode to nothing, also when a model writes a tag that disagrees with its digits
+    # (a tag with no digits after it leaves only its space)
+    ids = tok.convert_tokens_to_ids(["▁⟦12⟧", "∅", "∅", "1", "3", "▁+", "▁⟦5⟧"])
+    assert tok.decode(ids) == "13 + "
+    save_tokenizer(tok, tmp_path)
+    again = load_tokenizer(tmp_path)
+    assert again("12 * 7 = 84")["input_ids"] == tok("12 * 7 = 84")["input_ids"]
+    assert again.decode(again("12 * 7 = 84", add_special_tokens=False)["input_ids"]) == "12 * 7 = 84"
+
+
 @pytest.mark.parametrize("kwargs, match", [
+    ({"number_tags": True}, "needs pad_numbers"),
     ({"number_tokens": 1}, "number_tokens must be"),
     ({"number_tokens": 4}, "number_tokens must be"),
     ({"number_tokens": 3, "pad_numbers": 4}, "exclude each other"),
@@ -170,19 +207,22 @@ def test_bad_number_token_settings_are_refused(kwargs, match):
         build_tokenizer(["1"], **kwargs)
 
 
-def test_a_recipe_can_train_with_number_tokens(tmp_path):
+@pytest.mark.parametrize("settings, canvas, third_piece", [
+    ({"model.number_tokens": 3}, 12, "▁15"),
+    ({"model.pad_numbers": 4, "model.number_tags": "true"}, 23, "∅"),
+])
+def test_a_recipe_can_train_with_number_tokens_or_tags(tmp_path, settings, canvas, third_piece):
     from training.config import SFTConfig, load_config
     from training.sft import SFTTrainer
 
     from .conftest import micro_overrides
 
     over = micro_overrides(tmp_path / "run", max_steps=2, **{
-        "model.tokenizer": "null", "model.number_tokens": 3, "data.tasks": "{countdown: 1}",
-        "data.max_new_tokens": 12})
+        "model.tokenizer": "null", **settings, "data.tasks": "{countdown: 1}", "data.max_new_tokens": canvas})
     result = SFTTrainer(load_config(SFTConfig, None, over)).run()
     assert result.status == "finished"
     tok = load_tokenizer(tmp_path / "run" / "final")
-    assert tok.tokenize("numbers 3 15 7 target 98 :")[2] == "▁15"
+    assert tok.tokenize("numbers 3 15 7 target 98 :")[2] == third_piece
 
 
 def test_padding_reads_every_countdown_number_alike(padded_tokenizer):
