@@ -40,6 +40,10 @@ class DistillTrainer(Trainer):
         self.teacher = None
         if cfg.teacher:
             self.teacher = load_model(cfg.teacher, dtype=cfg.model.dtype, attention_policy="bidirectional")
+            rows = (self.teacher.get_input_embeddings().weight.shape[0], student.get_input_embeddings().weight.shape[0])
+            if rows[0] != rows[1]:
+                raise ConfigError(f"the teacher ({cfg.teacher}) has {rows[0]} token rows and the student {rows[1]}: "
+                                  "distillation needs both on the same tokenizer (train the teacher with it first)")
         elif not cfg.lora.enabled:
             self.teacher = copy.deepcopy(student)
         if self.teacher is not None:

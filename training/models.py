@@ -40,6 +40,8 @@ def init_model(section: ModelSection, tokenizer, attention_policy: str | None = 
                          "copies the checkpoint's layers into it")
     if section.path:
         model = load_model(section.path, attention_policy=policy, block_size=bsz, dtype=section.dtype)
+        if section.tokenizer:
+            match_vocabulary(model, resolve_model_path(section.path), tokenizer)
         return model.train()
     cfg = dict(section.config)
     model_type = cfg.pop("model_type", "llada")
@@ -64,6 +66,58 @@ def init_model(section: ModelSection, tokenizer, attention_policy: str | None = 
         source = load_model(section.grow_from, attention_policy=policy, block_size=bsz)
         grow_depth(model, source)
     return model.train()
+
+
+def match_vocabulary(model: torch.nn.Module, checkpoint_dir: Path, tokenizer) -> int:
+    """Fit a checkpoint loaded with another tokenizer (``model.tokenizer`` names one) to that tokenizer:
+    its embedding and head rows are re-indexed by token string, so a token keeps what it learned
+    even when a larger vocabulary moves its id. Returns how many tokens are new (0: same vocabulary).
+
+    Without this, a tokenizer whose ids differ from the checkpoint's (e.g. one built with
+    ``number_tags``, which adds tokens that sort between the old ones) would silently train on
+    the wrong rows."""
+    new_vocab = tokenizer.get_vocab()
+    rows = model.get_input_embeddings().weight.shape[0]
+    has_tokenizer = (checkpoint_dir / "tokenizer.json").exists() or (checkpoint_dir / "tokenizer_config.json").exists()
+    if not has_tokenizer:
+        if max(new_vocab.values()) >= rows:
+            raise ValueError(f"model.tokenizer has {len(new_vocab)} tokens but {checkpoint_dir} has {rows} embedding "
+                             "rows and no tokenizer to match them by; use the checkpoint's tokenizer")
+        return 0
+    old_vocab = load_tokenizer(checkpoint_dir).get_vocab()
+    if old_vocab == new_vocab:
+        return 0
+    return remap_vocabulary(model, old_vocab, new_vocab)
+
+
+def remap_vocabulary(model: torch.nn.Module, old_vocab: dict[str, int], new_vocab: dict[str, int]) -> int:
+    """Re-index the embedding (and untied head) rows of ``model`` from ``old_vocab`` to ``new_vocab``
+    (token string -> id). Tokens in both keep their rows; new tokens start from the mean row, so
+    their embeddings are typical and their logits average until training moves them. Returns the
+    number of new tokens."""
+    size = max(new_vocab.values()) + 1
+    old_ids = torch.tensor([old_vocab.get(t, -1) for t in sorted(new_vocab, key=new_vocab.get)])
+    new_ids = torch.tensor(sorted(new_vocab.values()))
+    known = old_ids >= 0
+
+    def remapped(weight: torch.Tensor) -> torch.nn.Parameter:
+        w = weight.detach()
+        out = w[: len(old_vocab)].mean(0, keepdim=True).repeat(size, 1)
+        out[new_ids[known]] = w[old_ids[known]]
+        return torch.nn.Parameter(out, requires_grad=weight.requires_grad)
+
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = head is not None and head.weight is emb.weight
+    emb.weight = remapped(emb.weight)
+    emb.num_embeddings = size
+    if head is not None:
+        head.weight = emb.weight if tied else remapped(head.weight)
+        head.out_features = size
+    model.config.vocab_size = size
+    if getattr(model.config, "embedding_size", None) is not None:
+        model.config.embedding_size = size
+    model.spec = model.config.core_spec()
+    return int((~known).sum())
 
 
 _LAYER_KEY = re.compile(r"^(.*\.(?:blocks|layers))\.(\d+)\.(.+)$")

@@ -1,0 +1,86 @@
+"""Fitting a checkpoint to a tokenizer with another vocabulary (``model.path`` + ``model.tokenizer``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dllm.loading import load_model
+from dllm.modeling import LLaDAConfig, LLaDAModelLM
+from dllm.tokenization import build_tokenizer, save_tokenizer, special_token_ids
+from training.config import ConfigError, DistillConfig, SFTConfig, load_config
+from training.data import suite_texts
+from training.models import match_vocabulary
+
+from .conftest import MICRO_MODEL, micro_overrides
+
+NEW_PIECES = ["▁zebra", "zebra", "▁yak"]
+
+
+@pytest.fixture(scope="module")
+def bigger_tokenizer():
+    # the bundled tokenizer's vocabulary plus three pieces, which sort between old ones and move their ids
+    return build_tokenizer(suite_texts(), pad_numbers=4, extra_pieces=NEW_PIECES)
+
+
+def _checkpoint(path, tokenizer, tied=False):
+    torch.manual_seed(0)
+    cfg = LLaDAConfig(vocab_size=len(tokenizer), embedding_size=len(tokenizer), rope_theta=10000.0,
+                      weight_tying=tied, **special_token_ids(tokenizer), **MICRO_MODEL)
+    LLaDAModelLM(cfg).save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+    return path
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_every_token_keeps_its_rows_under_a_bigger_vocabulary(tmp_path, tokenizer, bigger_tokenizer, tied):
+    path = _checkpoint(tmp_path / "ckpt", tokenizer, tied)
+    old_vocab, new_vocab = tokenizer.get_vocab(), bigger_tokenizer.get_vocab()
+    assert any(old_vocab[t] != new_vocab[t] for t in old_vocab)  # ids did move
+    before, after = load_model(path).eval(), load_model(path).eval()
+    assert match_vocabulary(after, path, bigger_tokenizer) == len(NEW_PIECES)
+    assert after.get_input_embeddings().weight.shape[0] == after.config.vocab_size == len(new_vocab)
+    assert (after.get_output_embeddings() is None) is tied
+    text = "What is 35 + 7 ?"  # tokenized alike by both (the bundled cell rule differs after "digit space")
+    a = torch.tensor([tokenizer(text)["input_ids"] + [tokenizer.mask_token_id] * 3])
+    b = torch.tensor([bigger_tokenizer(text)["input_ids"] + [bigger_tokenizer.mask_token_id] * 3])
+    assert tokenizer.tokenize(text) == bigger_tokenizer.tokenize(text)
+    with torch.no_grad():
+        la, lb = before(a).logits, after(b).logits
+    perm = torch.tensor([new_vocab[t] for t in sorted(old_vocab, key=old_vocab.get)])
+    torch.testing.assert_close(lb[..., perm], la)  # the same function on every old token
+    mean = before.get_input_embeddings().weight.mean(0)
+    torch.testing.assert_close(after.get_input_embeddings().weight[new_vocab["▁zebra"]], mean)
+    assert match_vocabulary(load_model(path), path, tokenizer) == 0
+
+
+def test_a_checkpoint_without_a_tokenizer_is_refused_when_ids_do_not_fit(tmp_path, tokenizer, bigger_tokenizer):
+    path = _checkpoint(tmp_path / "ckpt", tokenizer)
+    (path / "tokenizer.json").unlink()
+    (path / "tokenizer_config.json").unlink()
+    with pytest.raises(ValueError, match="no tokenizer to match them by"):
+        match_vocabulary(load_model(path), path, bigger_tokenizer)
+
+
+def test_sft_from_a_checkpoint_with_a_bigger_tokenizer_exports_the_bigger_model(tmp_path, tokenizer,
+                                                                                bigger_tokenizer):
+    from training.sft import SFTTrainer
+
+    path = _checkpoint(tmp_path / "ckpt", tokenizer)
+    tok_dir = save_tokenizer(bigger_tokenizer, tmp_path / "tok")
+    over = micro_overrides(tmp_path / "run", max_steps=2, **{"model.path": str(path), "model.tokenizer": str(tok_dir)})
+    assert SFTTrainer(load_config(SFTConfig, None, over)).run().status == "finished"
+    model = load_model(tmp_path / "run" / "final")
+    assert model.get_input_embeddings().weight.shape[0] == len(bigger_tokenizer)
+
+
+def test_distillation_refuses_a_teacher_on_another_vocabulary(tmp_path, tokenizer, bigger_tokenizer):
+    from training.distill import DistillTrainer
+
+    path = _checkpoint(tmp_path / "ckpt", tokenizer)
+    tok_dir = save_tokenizer(bigger_tokenizer, tmp_path / "tok")
+    over = [f"run_dir={tmp_path / 'run'}", f"model.path={path}", f"model.tokenizer={tok_dir}", f"teacher={path}",
+            "max_steps=1", "batch_size=2", "num_threads=1", "progress=false", "block_size=4",
+            "data.tasks={arith: 1}", "data.max_new_tokens=8"]
+    with pytest.raises(ConfigError, match="same tokenizer"):
+        DistillTrainer(load_config(DistillConfig, None, over)).run()
