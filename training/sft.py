@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from dllm.tokenization import EMPTY_DIGIT, TAG_CLOSE, TAG_OPEN
+
 from .config import ConfigError, SFTConfig, to_dict
 from .data import Batch
 from .engine import Trainer
@@ -15,18 +17,22 @@ from .objectives import result_slots, sft_loss, sft_noise
 
 def result_token_ids(tokenizer, triggers: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """Ids of the vocabulary's trigger tokens (text, word-start marker removed, in ``triggers``) and
-    of its number tokens (digits and the empty-digit pad); ConfigError when either set is empty."""
+    of its number tokens (digits, the empty-digit pad and number tags, so a result's tag is masked
+    with its digits rather than left to give them away); ConfigError when either set is empty."""
     trig, num = [], []
     for text, i in tokenizer.get_vocab().items():
         bare = text.lstrip("\u2581\u0120")  # SentencePiece / byte-level word-start markers
         if bare in triggers:
             trig.append(i)
-        elif bare and all(c in "0123456789\u2205" for c in bare):
+        elif bare and all(c in NUMBER_CHARS for c in bare):
             num.append(i)
     if not trig or not num:
         raise ConfigError(f"result_mask_prob: the tokenizer has no {'trigger' if not trig else 'number'} tokens "
                          f"(result_triggers={triggers})")
     return torch.tensor(sorted(trig)), torch.tensor(sorted(num))
+
+
+NUMBER_CHARS = frozenset("0123456789" + EMPTY_DIGIT + TAG_OPEN + TAG_CLOSE)
 
 
 class SFTTrainer(Trainer):

@@ -109,16 +109,21 @@ def test_recipes_can_build_a_padded_tokenizer():
     assert len(padded) == len(plain) + 2
 
 
-def test_result_mask_finds_the_gsm_results_with_the_bundled_tokenizer(tokenizer):
+@pytest.mark.parametrize("kind", ["bundled", "tagged"])
+def test_result_mask_finds_the_gsm_results(request, kind):
     import torch
 
     from training.objectives import result_slots
     from training.sft import result_token_ids
 
+    tokenizer = request.getfixturevalue("tokenizer" if kind == "bundled" else "tagged_tokenizer")
     triggers, numbers = result_token_ids(tokenizer, ["=", "#"])
     ids = torch.tensor([tokenizer.encode("9 * 14 = 126 . 126 + 36 = 162 . #### 162", add_special_tokens=False)])
     slots = result_slots(ids, triggers, numbers)
     assert tokenizer.decode(ids[0][slots[0]].tolist()).split() == ["126", "162", "162"]
+    # a result's tag is masked with its digits: left visible it would give them away
+    pieces = tokenizer.convert_ids_to_tokens(ids[0][slots[0]].tolist())
+    assert [p for p in pieces if "\u27e6" in p] == ([] if kind == "bundled" else ["▁⟦126⟧", "▁⟦162⟧", "▁⟦162⟧"])
     with pytest.raises(ValueError, match="no trigger tokens"):  # a ConfigError
         result_token_ids(tokenizer, ["no-such-token"])
 
