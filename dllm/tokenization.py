@@ -113,9 +113,14 @@ def _normalizer(pad_numbers: int = 0, number_tags: bool = False) -> normalizers.
     return normalizers.Sequence([padder, _number_tagger(pad_numbers)]) if number_tags else padder
 
 
+def _digit_strings(max_digits: int) -> list[str]:
+    """Every 1..max_digits-digit string, leading zeros included."""
+    return [f"{n:0{d}d}" for d in range(1, max_digits + 1) for n in range(10 ** d)]
+
+
 def _number_pieces(max_digits: int) -> list[str]:
-    """Every 1..max_digits-digit string, leading zeros included, with and without the space marker."""
-    numbers = [f"{n:0{d}d}" for d in range(1, max_digits + 1) for n in range(10 ** d)]
+    """Every 1..max_digits-digit string, with and without the space marker."""
+    numbers = _digit_strings(max_digits)
     return numbers + [SPACE + n for n in numbers]
 
 
@@ -137,20 +142,16 @@ def _number_padder(width: int) -> normalizers.Normalizer:
                                  for n in range(1, width)])
 
 
-def _tag_strings(width: int) -> list[str]:
-    """The digit strings that get a tag once padded to ``width``: every 1..width-1-digit string."""
-    return [f"{n:0{d}d}" for d in range(1, width) for n in range(10 ** d)]
-
-
 def _number_tagger(width: int) -> normalizers.Normalizer:
-    """Put ``⟦s⟧`` before every padded number ``∅..∅s`` (runs after the padder, so exactly the padded
-    numbers are tagged: an n-digit string carries width - n empty digits, which identifies it)."""
+    """Put ``⟦s⟧`` before every padded number ``∅..∅s``, s any 1..width-1-digit string (runs after the
+    padder, so exactly the padded numbers are tagged: an n-digit string carries width - n empty
+    digits, which identifies it)."""
     e = EMPTY_DIGIT
     free = rf"(?<![0-9{e}{TAG_OPEN}{TAG_CLOSE}])"
     return normalizers.Sequence([
         normalizers.Replace(Regex(rf"{free}{e}{{{width - len(s)}}}{s}(?![0-9])"),
                             f"{TAG_OPEN}{s}{TAG_CLOSE}" + e * (width - len(s)) + s)
-        for s in _tag_strings(width)
+        for s in _digit_strings(width - 1)
     ])
 
 
@@ -188,7 +189,7 @@ def build_tokenizer(texts: Iterable[str], extra_pieces: Iterable[str] = (), pad_
     if norm is not None:
         found |= {EMPTY_DIGIT, SPACE + EMPTY_DIGIT}
     if number_tags:
-        tags = [f"{TAG_OPEN}{s}{TAG_CLOSE}" for s in _tag_strings(pad_numbers)]
+        tags = [f"{TAG_OPEN}{s}{TAG_CLOSE}" for s in _digit_strings(pad_numbers - 1)]
         found |= set(tags) | {SPACE + t for t in tags}
     for text in texts:
         if norm is not None:

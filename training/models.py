@@ -21,13 +21,17 @@ def load_tokenizer_for(section: ModelSection):
         return load_tokenizer(resolve_model_path(section.tokenizer))
     if section.path or section.grow_from:
         path = resolve_model_path(section.path or section.grow_from)
-        if not (path / "tokenizer.json").exists() and not (path / "tokenizer_config.json").exists():
+        if not _has_tokenizer(path):
             raise FileNotFoundError(f"{path} has no tokenizer; set model.tokenizer to a tokenizer directory")
         return load_tokenizer(path)
     from .data import suite_texts
 
     return build_tokenizer(suite_texts(), pad_numbers=section.pad_numbers, number_tokens=section.number_tokens,
                            number_tags=section.number_tags)
+
+
+def _has_tokenizer(path: Path) -> bool:
+    return (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists()
 
 
 def init_model(section: ModelSection, tokenizer, attention_policy: str | None = None,
@@ -78,8 +82,7 @@ def match_vocabulary(model: torch.nn.Module, checkpoint_dir: Path, tokenizer) ->
     the wrong rows."""
     new_vocab = tokenizer.get_vocab()
     rows = model.get_input_embeddings().weight.shape[0]
-    has_tokenizer = (checkpoint_dir / "tokenizer.json").exists() or (checkpoint_dir / "tokenizer_config.json").exists()
-    if not has_tokenizer:
+    if not _has_tokenizer(checkpoint_dir):
         if max(new_vocab.values()) >= rows:
             raise ValueError(f"model.tokenizer has {len(new_vocab)} tokens but {checkpoint_dir} has {rows} embedding "
                              "rows and no tokenizer to match them by; use the checkpoint's tokenizer")
