@@ -28,10 +28,17 @@ between tokens, which countdown needs; the padded digits keep the column alignme
 more digits and the unpadded Sudoku cells get no tag. ``tokenizers`` normalizers cannot copy a
 matched number, so the tagger is one literal rule per 1..W-1-digit string (1,110 for W=4; ~0.4 ms
 per text).
+
+``number_tag_style="replace"`` puts the tag in place of the number's first empty digit instead of
+before it (``"35"`` -> ``▁⟦35⟧ ∅ 3 5``, ``"123"`` -> ``▁⟦123⟧ 1 2 3``): sequences keep the length
+and positions of plain padding, so a model trained with padded digits can take up the tags without
+relearning where things are (``training.models.remap_vocabulary`` starts each tag from the row of
+the empty digit it replaces, which leaves such a model's function unchanged on its inputs).
 """
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Iterable
 from pathlib import Path
@@ -63,6 +70,7 @@ PIECE_PATTERN = rf"{SPACE}?[A-Za-z]+|{SPACE}?[0-9]|{SPACE}?[^A-Za-z0-9{SPACE}]|{
 EMPTY_DIGIT = "\u2205"  # "∅": pads numbers to a fixed width (pad_numbers); decodes to nothing
 TAG_OPEN, TAG_CLOSE = "\u27e6", "\u27e7"  # "⟦", "⟧": a number tag ⟦35⟧ (number_tags); decodes to nothing
 TAG_PATTERN = f"{TAG_OPEN}[0-9]+{TAG_CLOSE}"
+TAG_STYLES = ("insert", "replace")  # number_tag_style: the tag goes before the padded number, or replaces its first ∅
 PADDED_PIECE_PATTERN = rf"{SPACE}?[A-Za-z]+|{SPACE}?[0-9{EMPTY_DIGIT}]|{SPACE}?[^A-Za-z0-9{SPACE}{EMPTY_DIGIT}]|{SPACE}"
 
 # Roles: the user turn and the generation prompt are what training and generation feed the model.
@@ -82,9 +90,10 @@ CHAT_TEMPLATE = (
 MAX_NUMBER_TOKEN_DIGITS = 3  # 10^4 four-digit tokens (x2 with the space marker) would dwarf a tiny model
 
 
-def pieces(text: str, pad_numbers: int = 0, number_tokens: int = 0, number_tags: bool = False) -> list[str]:
+def pieces(text: str, pad_numbers: int = 0, number_tokens: int = 0, number_tags: bool = False,
+           number_tag_style: str = "insert") -> list[str]:
     """The pieces ``text`` splits into (before the vocabulary lookup)."""
-    norm = _normalizer(pad_numbers, number_tags)
+    norm = _normalizer(pad_numbers, number_tags, number_tag_style)
     if norm is not None:
         text = norm.normalize_str(text)
     return [p for p, _ in _pre_tokenizer(pad_numbers, number_tokens, number_tags).pre_tokenize_str(text)]
@@ -106,11 +115,14 @@ def _pre_tokenizer(pad_numbers: int = 0, number_tokens: int = 0,
     ])
 
 
-def _normalizer(pad_numbers: int = 0, number_tags: bool = False) -> normalizers.Normalizer | None:
+def _normalizer(pad_numbers: int = 0, number_tags: bool = False,
+                number_tag_style: str = "insert") -> normalizers.Normalizer | None:
     if not pad_numbers:
         return None
     padder = _number_padder(pad_numbers)
-    return normalizers.Sequence([padder, _number_tagger(pad_numbers)]) if number_tags else padder
+    if not number_tags:
+        return padder
+    return normalizers.Sequence([padder, _number_tagger(pad_numbers, replace=number_tag_style == "replace")])
 
 
 def _digit_strings(max_digits: int) -> list[str]:
@@ -142,17 +154,24 @@ def _number_padder(width: int) -> normalizers.Normalizer:
                                  for n in range(1, width)])
 
 
-def _number_tagger(width: int) -> normalizers.Normalizer:
-    """Put ``⟦s⟧`` before every padded number ``∅..∅s``, s any 1..width-1-digit string (runs after the
-    padder, so exactly the padded numbers are tagged: an n-digit string carries width - n empty
-    digits, which identifies it)."""
+def _number_tagger(width: int, replace: bool = False) -> normalizers.Normalizer:
+    """Put ``⟦s⟧`` before every padded number ``∅..∅s`` (``replace``: in place of its first ``∅``), s
+    any 1..width-1-digit string (runs after the padder, so exactly the padded numbers are tagged: an
+    n-digit string carries width - n empty digits, which identifies it)."""
     e = EMPTY_DIGIT
     free = rf"(?<![0-9{e}{TAG_OPEN}{TAG_CLOSE}])"
+    kept = 1 if replace else 0
     return normalizers.Sequence([
         normalizers.Replace(Regex(rf"{free}{e}{{{width - len(s)}}}{s}(?![0-9])"),
-                            f"{TAG_OPEN}{s}{TAG_CLOSE}" + e * (width - len(s)) + s)
+                            f"{TAG_OPEN}{s}{TAG_CLOSE}" + e * (width - len(s) - kept) + s)
         for s in _digit_strings(width - 1)
     ])
+
+
+def tag_origin(piece: str) -> str | None:
+    """The empty-digit piece a number tag stands where (``▁⟦35⟧`` -> ``▁∅``), None for other pieces.
+    With ``number_tag_style="replace"`` it is exactly the piece the tag took the place of."""
+    return re.sub(TAG_PATTERN, EMPTY_DIGIT, piece) if re.fullmatch(rf"{SPACE}?{TAG_PATTERN}", piece) else None
 
 
 def _base_pieces() -> list[str]:
@@ -162,14 +181,15 @@ def _base_pieces() -> list[str]:
 
 
 def build_tokenizer(texts: Iterable[str], extra_pieces: Iterable[str] = (), pad_numbers: int = 0,
-                    number_tokens: int = 0, number_tags: bool = False):
+                    number_tokens: int = 0, number_tags: bool = False, number_tag_style: str = "insert"):
     """A ``PreTrainedTokenizerFast`` whose vocabulary is every piece of ``texts`` (plus digits,
     punctuation, the chat tokens and the special tokens), with the chat template set.
 
     ``pad_numbers=W`` (W >= 2): numbers are left-padded to W digits with ``∅``; ``number_tokens=D``
     (2 <= D <= 3): runs of up to D digits are single tokens; the two exclude each other.
     ``number_tags`` (needs ``pad_numbers``): each padded number also gets a whole-number tag token
-    before its digits (module docstring)."""
+    before its digits, or in place of its first empty digit with ``number_tag_style="replace"``
+    (module docstring)."""
     from transformers import PreTrainedTokenizerFast
 
     if pad_numbers and pad_numbers < 2:
@@ -181,8 +201,10 @@ def build_tokenizer(texts: Iterable[str], extra_pieces: Iterable[str] = (), pad_
                          "or whole numbers as tokens); set one of them to 0")
     if number_tags and not pad_numbers:
         raise ValueError("number_tags tags padded numbers: it needs pad_numbers (e.g. 4)")
+    if number_tag_style not in TAG_STYLES:
+        raise ValueError(f"number_tag_style must be one of {', '.join(TAG_STYLES)}, got {number_tag_style!r}")
     pre = _pre_tokenizer(pad_numbers, number_tokens, number_tags)
-    norm = _normalizer(pad_numbers, number_tags)
+    norm = _normalizer(pad_numbers, number_tags, number_tag_style)
     found: set[str] = set(_base_pieces()) | set(extra_pieces)
     if number_tokens:
         found |= set(_number_pieces(number_tokens))

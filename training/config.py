@@ -36,6 +36,9 @@ class ModelSection:
     number_tokens: int = 0
     # with pad_numbers: each padded number also gets a whole-number tag token before its digits
     number_tags: bool = False
+    # where the tag goes: "insert" (before the padded digits) or "replace" (in place of the first empty
+    # digit: same sequence length as plain padding; the way to add tags to a padded-digit checkpoint)
+    number_tag_style: str = "insert"
     attention_policy: str | None = None  # override the checkpoint's (block-diffusion SFT: block_causal)
     block_size: int | None = None
     gradient_checkpointing: bool = False
@@ -306,7 +309,7 @@ def validate(cfg: TrainConfig) -> None:
         bad(err)
     if cfg.model.pad_numbers and cfg.model.pad_numbers < 2:
         bad(f"model.pad_numbers={cfg.model.pad_numbers} must be 0 (off) or >= 2")
-    from dllm.tokenization import MAX_NUMBER_TOKEN_DIGITS
+    from dllm.tokenization import MAX_NUMBER_TOKEN_DIGITS, TAG_STYLES
 
     if cfg.model.number_tokens and not 2 <= cfg.model.number_tokens <= MAX_NUMBER_TOKEN_DIGITS:
         bad(f"model.number_tokens={cfg.model.number_tokens} must be 0 (off) or in [2, {MAX_NUMBER_TOKEN_DIGITS}]")
@@ -315,6 +318,8 @@ def validate(cfg: TrainConfig) -> None:
             "numbers as tokens); set one of them to 0 (recipes/tiny-sft.yaml sets pad_numbers: 4)")
     if cfg.model.number_tags and not cfg.model.pad_numbers:
         bad("model.number_tags tags padded numbers: it needs model.pad_numbers (e.g. 4)")
+    if cfg.model.number_tag_style not in TAG_STYLES:
+        bad(f"model.number_tag_style={cfg.model.number_tag_style!r}; valid: {', '.join(TAG_STYLES)}")
     if cfg.model.path and cfg.model.grow_from:
         bad(f"model.path ({cfg.model.path}) and model.grow_from ({cfg.model.grow_from}) are exclusive: grow_from "
             "builds model.config and copies the checkpoint's layers into it (add model.path=null to a recipe that "

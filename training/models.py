@@ -10,7 +10,7 @@ import torch
 
 from dllm.loading import load_model, resolve_model_path
 from dllm.modeling import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
-from dllm.tokenization import build_tokenizer, load_tokenizer, special_token_ids
+from dllm.tokenization import build_tokenizer, load_tokenizer, special_token_ids, tag_origin
 
 from .config import ModelSection
 
@@ -27,7 +27,7 @@ def load_tokenizer_for(section: ModelSection):
     from .data import suite_texts
 
     return build_tokenizer(suite_texts(), pad_numbers=section.pad_numbers, number_tokens=section.number_tokens,
-                           number_tags=section.number_tags)
+                           number_tags=section.number_tags, number_tag_style=section.number_tag_style)
 
 
 def _has_tokenizer(path: Path) -> bool:
@@ -95,18 +95,25 @@ def match_vocabulary(model: torch.nn.Module, checkpoint_dir: Path, tokenizer) ->
 
 def remap_vocabulary(model: torch.nn.Module, old_vocab: dict[str, int], new_vocab: dict[str, int]) -> int:
     """Re-index the embedding (and untied head) rows of ``model`` from ``old_vocab`` to ``new_vocab``
-    (token string -> id). Tokens in both keep their rows; new tokens start from the mean row, so
-    their embeddings are typical and their logits average until training moves them. Returns the
-    number of new tokens."""
+    (token string -> id). Tokens in both keep their rows. A new number tag starts from the row of
+    the empty digit it stands where (``dllm.tokenization.tag_origin``): with
+    ``number_tag_style="replace"`` the model then reads a tagged sequence exactly as it read the
+    padded one, and predicts the tags where it predicted that empty digit. Other new tokens start
+    from the mean row, so their embeddings are typical and their logits average until training
+    moves them. Returns the number of new tokens."""
     size = max(new_vocab.values()) + 1
-    old_ids = torch.tensor([old_vocab.get(t, -1) for t in sorted(new_vocab, key=new_vocab.get)])
+    tokens = sorted(new_vocab, key=new_vocab.get)
+    old_ids = torch.tensor([old_vocab.get(t, -1) for t in tokens])
     new_ids = torch.tensor(sorted(new_vocab.values()))
     known = old_ids >= 0
+    origin = torch.tensor([old_vocab.get(tag_origin(t) or "", -1) for t in tokens])
+    derived = ~known & (origin >= 0)
 
     def remapped(weight: torch.Tensor) -> torch.nn.Parameter:
         w = weight.detach()
         out = w[: len(old_vocab)].mean(0, keepdim=True).repeat(size, 1)
         out[new_ids[known]] = w[old_ids[known]]
+        out[new_ids[derived]] = w[origin[derived]]
         return torch.nn.Parameter(out, requires_grad=weight.requires_grad)
 
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()

@@ -74,6 +74,9 @@ def test_bad_values_are_rejected():
     with pytest.raises(ConfigError, match="model.number_tags tags padded numbers: it needs model.pad_numbers"):
         load_config(SFTConfig, None, ["model.number_tags=true"])
     assert load_config(SFTConfig, REPO / "recipes" / "tiny-sft.yaml", ["model.number_tags=true"]).model.number_tags
+    with pytest.raises(ConfigError, match="model.number_tag_style='after'; valid: insert, replace"):
+        load_config(SFTConfig, REPO / "recipes" / "tiny-sft.yaml", ["model.number_tags=true",
+                                                                   "model.number_tag_style=after"])
 
 
 @pytest.mark.parametrize("recipe,cls", [

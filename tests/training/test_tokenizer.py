@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dllm.tokenization import build_tokenizer, load_tokenizer, save_tokenizer, special_token_ids
+from dllm.tokenization import build_tokenizer, load_tokenizer, save_tokenizer, special_token_ids, tag_origin
 from eval.tasks import count_tokens, get_suite, suite_names
 
 
@@ -142,7 +142,14 @@ def tagged_tokenizer():
     return build_tokenizer(suite_texts(), pad_numbers=4, number_tags=True)
 
 
-@pytest.mark.parametrize("kind", ["padded", "number", "tagged"])
+@pytest.fixture(scope="module")
+def replaced_tokenizer():
+    from training.data import suite_texts
+
+    return build_tokenizer(suite_texts(), pad_numbers=4, number_tags=True, number_tag_style="replace")
+
+
+@pytest.mark.parametrize("kind", ["padded", "number", "tagged", "replaced"])
 @pytest.mark.parametrize("name", suite_names())
 def test_padded_and_number_tokenizers_round_trip(request, kind, name):
     tok = request.getfixturevalue(f"{kind}_tokenizer")
@@ -159,6 +166,9 @@ def test_padded_and_number_tokenizers_round_trip(request, kind, name):
                 assert len(ids) == len(padded) + len(tags)
                 assert len(tags) == sum(p.endswith("\u2205") and (i == 0 or not padded[i - 1].endswith("\u2205"))
                                         for i, p in enumerate(padded))
+            if kind == "replaced":  # the padded pieces, each number's first empty digit swapped for its tag
+                padded = request.getfixturevalue("padded_tokenizer").tokenize(text)
+                assert [tag_origin(p) or p for p in tok.convert_ids_to_tokens(ids)] == padded
 
 
 def test_number_tokens_make_whole_numbers_single_tokens(number_tokenizer, tmp_path):
@@ -201,8 +211,21 @@ def test_number_tags_give_each_padded_number_both_views(tagged_tokenizer, tmp_pa
     assert again.decode(again("12 * 7 = 84", add_special_tokens=False)["input_ids"]) == "12 * 7 = 84"
 
 
+def test_replace_style_tags_take_the_first_empty_digits_place(replaced_tokenizer):
+    tok = replaced_tokenizer
+    assert tok.tokenize("numbers 3 15 7 target 98 :") == [
+        "▁numbers", "▁⟦3⟧", "∅", "∅", "3", "▁⟦15⟧", "∅", "1", "5", "▁⟦7⟧", "∅", "∅", "7",
+        "▁target", "▁⟦98⟧", "∅", "9", "8", "▁:"]
+    # a 3-digit number keeps no empty digit; a 4-digit one has none to replace and stays untagged
+    assert tok.tokenize("1234 = 997") == ["▁1", "2", "3", "4", "▁=", "▁⟦997⟧", "9", "9", "7"]
+    assert tok.tokenize("(35)") == ["▁(", "⟦35⟧", "∅", "3", "5", ")"]
+    assert tag_origin("▁⟦35⟧") == "▁∅" and tag_origin("⟦0⟧") == "∅"
+    assert tag_origin("▁∅") is None and tag_origin("▁35") is None
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"number_tags": True}, "needs pad_numbers"),
+    ({"pad_numbers": 4, "number_tags": True, "number_tag_style": "after"}, "number_tag_style must be one of"),
     ({"number_tokens": 1}, "number_tokens must be"),
     ({"number_tokens": 4}, "number_tokens must be"),
     ({"number_tokens": 3, "pad_numbers": 4}, "exclude each other"),
@@ -215,6 +238,7 @@ def test_bad_number_token_settings_are_refused(kwargs, match):
 @pytest.mark.parametrize("settings, canvas, third_piece", [
     ({"model.number_tokens": 3}, 12, "▁15"),
     ({"model.pad_numbers": 4, "model.number_tags": "true"}, 23, "∅"),
+    ({"model.pad_numbers": 4, "model.number_tags": "true", "model.number_tag_style": "replace"}, 20, "∅"),
 ])
 def test_a_recipe_can_train_with_number_tokens_or_tags(tmp_path, settings, canvas, third_piece):
     from training.config import SFTConfig, load_config

@@ -7,7 +7,7 @@ import torch
 
 from dllm.loading import load_model
 from dllm.modeling import LLaDAConfig, LLaDAModelLM
-from dllm.tokenization import build_tokenizer, save_tokenizer, special_token_ids
+from dllm.tokenization import build_tokenizer, save_tokenizer, special_token_ids, tag_origin
 from training.config import ConfigError, DistillConfig, SFTConfig, load_config
 from training.data import suite_texts
 from training.models import match_vocabulary
@@ -52,6 +52,29 @@ def test_every_token_keeps_its_rows_under_a_bigger_vocabulary(tmp_path, tokenize
     mean = before.get_input_embeddings().weight.mean(0)
     torch.testing.assert_close(after.get_input_embeddings().weight[new_vocab["▁zebra"]], mean)
     assert match_vocabulary(load_model(path), path, tokenizer) == 0
+
+
+def test_replace_style_tags_leave_a_padded_digit_model_unchanged(tmp_path, tokenizer):
+    # how the bundled (padded-digit) models take up number tags: each tag starts from the empty
+    # digit it replaces, so the model reads the tagged text as it read the padded text
+    tagged = build_tokenizer(suite_texts(), pad_numbers=4, number_tags=True, number_tag_style="replace")
+    path = _checkpoint(tmp_path / "ckpt", tokenizer)
+    before, after = load_model(path).eval(), load_model(path).eval()
+    assert match_vocabulary(after, path, tagged) == len(tagged) - len(tokenizer)
+    text = "What is 35 + 7 ?"
+    assert tagged.tokenize(text) == ["▁What", "▁is", "▁⟦35⟧", "∅", "3", "5", "▁+", "▁⟦7⟧", "∅", "∅", "7", "▁?"]
+    assert [tag_origin(p) or p for p in tagged.tokenize(text)] == tokenizer.tokenize(text)
+    a = torch.tensor([tokenizer(text)["input_ids"] + [tokenizer.mask_token_id] * 3])
+    b = torch.tensor([tagged(text)["input_ids"] + [tagged.mask_token_id] * 3])
+    with torch.no_grad():
+        la, lb = before(a).logits, after(b).logits
+    old_vocab, new_vocab = tokenizer.get_vocab(), tagged.get_vocab()
+    perm = torch.tensor([new_vocab[t] for t in sorted(old_vocab, key=old_vocab.get)])
+    torch.testing.assert_close(lb[..., perm], la)
+    # every tag predicted where the empty digit was (same logit), every other new token untouched
+    for tag in ("▁⟦35⟧", "▁⟦7⟧", "▁⟦999⟧"):
+        torch.testing.assert_close(lb[..., new_vocab[tag]], la[..., old_vocab["▁∅"]])
+    torch.testing.assert_close(lb[..., new_vocab["⟦35⟧"]], la[..., old_vocab["∅"]])
 
 
 def test_a_checkpoint_without_a_tokenizer_is_refused_when_ids_do_not_fit(tmp_path, tokenizer, bigger_tokenizer):
