@@ -34,6 +34,8 @@ before it (``"35"`` -> ``▁⟦35⟧ ∅ 3 5``, ``"123"`` -> ``▁⟦123⟧ 1 2 
 and positions of plain padding, so a model trained with padded digits can take up the tags without
 relearning where things are (``training.models.remap_vocabulary`` starts each tag from the row of
 the empty digit it replaces, which leaves such a model's function unchanged on its inputs).
+``number_tag_digits=D`` tags only numbers of up to D digits (0: every padded number): 1,000 three-digit
+tags are each a rare class, which a fine-tuned model was slow to learn (docs/training.md, session 29).
 """
 
 from __future__ import annotations
@@ -91,9 +93,9 @@ MAX_NUMBER_TOKEN_DIGITS = 3  # 10^4 four-digit tokens (x2 with the space marker)
 
 
 def pieces(text: str, pad_numbers: int = 0, number_tokens: int = 0, number_tags: bool = False,
-           number_tag_style: str = "insert") -> list[str]:
+           number_tag_style: str = "insert", number_tag_digits: int = 0) -> list[str]:
     """The pieces ``text`` splits into (before the vocabulary lookup)."""
-    norm = _normalizer(pad_numbers, number_tags, number_tag_style)
+    norm = _normalizer(pad_numbers, number_tags, number_tag_style, number_tag_digits)
     if norm is not None:
         text = norm.normalize_str(text)
     return [p for p, _ in _pre_tokenizer(pad_numbers, number_tokens, number_tags).pre_tokenize_str(text)]
@@ -116,13 +118,14 @@ def _pre_tokenizer(pad_numbers: int = 0, number_tokens: int = 0,
 
 
 def _normalizer(pad_numbers: int = 0, number_tags: bool = False,
-                number_tag_style: str = "insert") -> normalizers.Normalizer | None:
+                number_tag_style: str = "insert", number_tag_digits: int = 0) -> normalizers.Normalizer | None:
     if not pad_numbers:
         return None
     padder = _number_padder(pad_numbers)
     if not number_tags:
         return padder
-    return normalizers.Sequence([padder, _number_tagger(pad_numbers, replace=number_tag_style == "replace")])
+    return normalizers.Sequence([padder, _number_tagger(pad_numbers, replace=number_tag_style == "replace",
+                                                        max_digits=number_tag_digits)])
 
 
 def _digit_strings(max_digits: int) -> list[str]:
@@ -154,17 +157,18 @@ def _number_padder(width: int) -> normalizers.Normalizer:
                                  for n in range(1, width)])
 
 
-def _number_tagger(width: int, replace: bool = False) -> normalizers.Normalizer:
+def _number_tagger(width: int, replace: bool = False, max_digits: int = 0) -> normalizers.Normalizer:
     """Put ``⟦s⟧`` before every padded number ``∅..∅s`` (``replace``: in place of its first ``∅``), s
     any 1..width-1-digit string (runs after the padder, so exactly the padded numbers are tagged: an
-    n-digit string carries width - n empty digits, which identifies it)."""
+    n-digit string carries width - n empty digits, which identifies it). ``max_digits``: tag only
+    numbers of up to that many digits (0: width - 1, every padded number)."""
     e = EMPTY_DIGIT
     free = rf"(?<![0-9{e}{TAG_OPEN}{TAG_CLOSE}])"
     kept = 1 if replace else 0
     return normalizers.Sequence([
         normalizers.Replace(Regex(rf"{free}{e}{{{width - len(s)}}}{s}(?![0-9])"),
                             f"{TAG_OPEN}{s}{TAG_CLOSE}" + e * (width - len(s) - kept) + s)
-        for s in _digit_strings(width - 1)
+        for s in _digit_strings(max_digits or width - 1)
     ])
 
 
@@ -181,7 +185,8 @@ def _base_pieces() -> list[str]:
 
 
 def build_tokenizer(texts: Iterable[str], extra_pieces: Iterable[str] = (), pad_numbers: int = 0,
-                    number_tokens: int = 0, number_tags: bool = False, number_tag_style: str = "insert"):
+                    number_tokens: int = 0, number_tags: bool = False, number_tag_style: str = "insert",
+                    number_tag_digits: int = 0):
     """A ``PreTrainedTokenizerFast`` whose vocabulary is every piece of ``texts`` (plus digits,
     punctuation, the chat tokens and the special tokens), with the chat template set.
 
@@ -189,7 +194,7 @@ def build_tokenizer(texts: Iterable[str], extra_pieces: Iterable[str] = (), pad_
     (2 <= D <= 3): runs of up to D digits are single tokens; the two exclude each other.
     ``number_tags`` (needs ``pad_numbers``): each padded number also gets a whole-number tag token
     before its digits, or in place of its first empty digit with ``number_tag_style="replace"``
-    (module docstring)."""
+    (module docstring); ``number_tag_digits=D`` tags only numbers of up to D digits."""
     from transformers import PreTrainedTokenizerFast
 
     if pad_numbers and pad_numbers < 2:
@@ -203,15 +208,18 @@ def build_tokenizer(texts: Iterable[str], extra_pieces: Iterable[str] = (), pad_
         raise ValueError("number_tags tags padded numbers: it needs pad_numbers (e.g. 4)")
     if number_tag_style not in TAG_STYLES:
         raise ValueError(f"number_tag_style must be one of {', '.join(TAG_STYLES)}, got {number_tag_style!r}")
+    if number_tag_digits and not 1 <= number_tag_digits < (pad_numbers or 2):
+        raise ValueError(f"number_tag_digits must be 0 (every padded number) or in [1, pad_numbers - 1], "
+                         f"got {number_tag_digits}")
     pre = _pre_tokenizer(pad_numbers, number_tokens, number_tags)
-    norm = _normalizer(pad_numbers, number_tags, number_tag_style)
+    norm = _normalizer(pad_numbers, number_tags, number_tag_style, number_tag_digits)
     found: set[str] = set(_base_pieces()) | set(extra_pieces)
     if number_tokens:
         found |= set(_number_pieces(number_tokens))
     if norm is not None:
         found |= {EMPTY_DIGIT, SPACE + EMPTY_DIGIT}
     if number_tags:
-        tags = [f"{TAG_OPEN}{s}{TAG_CLOSE}" for s in _digit_strings(pad_numbers - 1)]
+        tags = [f"{TAG_OPEN}{s}{TAG_CLOSE}" for s in _digit_strings(number_tag_digits or pad_numbers - 1)]
         found |= set(tags) | {SPACE + t for t in tags}
     for text in texts:
         if norm is not None:

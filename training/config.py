@@ -39,6 +39,8 @@ class ModelSection:
     # where the tag goes: "insert" (before the padded digits) or "replace" (in place of the first empty
     # digit: same sequence length as plain padding; the way to add tags to a padded-digit checkpoint)
     number_tag_style: str = "insert"
+    # tag only numbers of up to this many digits (0: every padded number)
+    number_tag_digits: int = 0
     attention_policy: str | None = None  # override the checkpoint's (block-diffusion SFT: block_causal)
     block_size: int | None = None
     gradient_checkpointing: bool = False
@@ -320,6 +322,9 @@ def validate(cfg: TrainConfig) -> None:
         bad("model.number_tags tags padded numbers: it needs model.pad_numbers (e.g. 4)")
     if cfg.model.number_tag_style not in TAG_STYLES:
         bad(f"model.number_tag_style={cfg.model.number_tag_style!r}; valid: {', '.join(TAG_STYLES)}")
+    if cfg.model.number_tag_digits and not 1 <= cfg.model.number_tag_digits < max(2, cfg.model.pad_numbers):
+        bad(f"model.number_tag_digits={cfg.model.number_tag_digits} must be 0 (every padded number) or in "
+            "[1, model.pad_numbers - 1]")
     if cfg.model.path and cfg.model.grow_from:
         bad(f"model.path ({cfg.model.path}) and model.grow_from ({cfg.model.grow_from}) are exclusive: grow_from "
             "builds model.config and copies the checkpoint's layers into it (add model.path=null to a recipe that "

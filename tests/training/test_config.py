@@ -77,6 +77,8 @@ def test_bad_values_are_rejected():
     with pytest.raises(ConfigError, match="model.number_tag_style='after'; valid: insert, replace"):
         load_config(SFTConfig, REPO / "recipes" / "tiny-sft.yaml", ["model.number_tags=true",
                                                                    "model.number_tag_style=after"])
+    with pytest.raises(ConfigError, match="model.number_tag_digits=3 must be 0"):
+        load_config(SFTConfig, None, ["model.number_tags=true", "model.pad_numbers=3", "model.number_tag_digits=3"])
 
 
 @pytest.mark.parametrize("recipe,cls", [

@@ -223,9 +223,22 @@ def test_replace_style_tags_take_the_first_empty_digits_place(replaced_tokenizer
     assert tag_origin("▁∅") is None and tag_origin("▁35") is None
 
 
+def test_number_tag_digits_leaves_longer_numbers_untagged():
+    from training.data import suite_texts
+
+    tok = build_tokenizer(suite_texts(), pad_numbers=4, number_tags=True, number_tag_style="replace",
+                          number_tag_digits=2)
+    assert tok.tokenize("35 + 84 = 119") == ["▁⟦35⟧", "∅", "3", "5", "▁+", "▁⟦84⟧", "∅", "8", "4", "▁=",
+                                             "▁∅", "1", "1", "9"]
+    tags = [t for t in tok.get_vocab() if tag_origin(t)]
+    assert len(tags) == 2 * 110  # 1- and 2-digit strings, with and without the space marker
+    assert tok.decode(tok("35 + 84 = 119", add_special_tokens=False)["input_ids"]) == "35 + 84 = 119"
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"number_tags": True}, "needs pad_numbers"),
     ({"pad_numbers": 4, "number_tags": True, "number_tag_style": "after"}, "number_tag_style must be one of"),
+    ({"pad_numbers": 4, "number_tags": True, "number_tag_digits": 4}, "number_tag_digits must be"),
     ({"number_tokens": 1}, "number_tokens must be"),
     ({"number_tokens": 4}, "number_tokens must be"),
     ({"number_tokens": 3, "pad_numbers": 4}, "exclude each other"),
