@@ -71,7 +71,7 @@ def test_replace_style_tags_leave_a_padded_digit_model_unchanged(tmp_path, token
     old_vocab, new_vocab = tokenizer.get_vocab(), tagged.get_vocab()
     perm = torch.tensor([new_vocab[t] for t in sorted(old_vocab, key=old_vocab.get)])
     torch.testing.assert_close(lb[..., perm], la)
-    # every tag predicted where the empty digit was (same logit), every other new token untouched
+    # every tag, seen in the text or not, gets the logit of the empty digit it stands where
     for tag in ("▁⟦35⟧", "▁⟦7⟧", "▁⟦999⟧"):
         torch.testing.assert_close(lb[..., new_vocab[tag]], la[..., old_vocab["▁∅"]])
     torch.testing.assert_close(lb[..., new_vocab["⟦35⟧"]], la[..., old_vocab["∅"]])
