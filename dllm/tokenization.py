@@ -36,6 +36,10 @@ relearning where things are (``training.models.remap_vocabulary`` starts each ta
 the empty digit it replaces, which leaves such a model's function unchanged on its inputs).
 ``number_tag_digits=D`` tags only numbers of up to D digits (0: every padded number): 1,000 three-digit
 tags are each a rare class, which a fine-tuned model was slow to learn (docs/training.md, session 29).
+``number_tag_context=R`` tags only numbers that the regular expression R matches right after (a
+lookahead; empty: every padded number). ``"countdown"`` (``COUNTDOWN_PROMPT_CONTEXT``) tags the numbers of a countdown
+prompt (``numbers 3 15 7 target 52 :``) and nothing else in the suites, so the model sees whole
+numbers where it has to relate them while every answer keeps plain padded digits (session 30).
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ PIECE_PATTERN = rf"{SPACE}?[A-Za-z]+|{SPACE}?[0-9]|{SPACE}?[^A-Za-z0-9{SPACE}]|{
 EMPTY_DIGIT = "\u2205"  # "∅": pads numbers to a fixed width (pad_numbers); decodes to nothing
 TAG_OPEN, TAG_CLOSE = "\u27e6", "\u27e7"  # "⟦", "⟧": a number tag ⟦35⟧ (number_tags); decodes to nothing
 TAG_PATTERN = f"{TAG_OPEN}[0-9]+{TAG_CLOSE}"
+# the numbers of a countdown prompt: more numbers then "target", or the target before " :"
+COUNTDOWN_PROMPT_CONTEXT = f"[0-9{EMPTY_DIGIT}{TAG_OPEN}{TAG_CLOSE} ]* (?:target|:)"
 TAG_STYLES = ("insert", "replace")  # number_tag_style: the tag goes before the padded number, or replaces its first ∅
 PADDED_PIECE_PATTERN = rf"{SPACE}?[A-Za-z]+|{SPACE}?[0-9{EMPTY_DIGIT}]|{SPACE}?[^A-Za-z0-9{SPACE}{EMPTY_DIGIT}]|{SPACE}"
 
@@ -93,9 +99,9 @@ MAX_NUMBER_TOKEN_DIGITS = 3  # 10^4 four-digit tokens (x2 with the space marker)
 
 
 def pieces(text: str, pad_numbers: int = 0, number_tokens: int = 0, number_tags: bool = False,
-           number_tag_style: str = "insert", number_tag_digits: int = 0) -> list[str]:
+           number_tag_style: str = "insert", number_tag_digits: int = 0, number_tag_context: str = "") -> list[str]:
     """The pieces ``text`` splits into (before the vocabulary lookup)."""
-    norm = _normalizer(pad_numbers, number_tags, number_tag_style, number_tag_digits)
+    norm = _normalizer(pad_numbers, number_tags, number_tag_style, number_tag_digits, number_tag_context)
     if norm is not None:
         text = norm.normalize_str(text)
     return [p for p, _ in _pre_tokenizer(pad_numbers, number_tokens, number_tags).pre_tokenize_str(text)]
@@ -117,15 +123,15 @@ def _pre_tokenizer(pad_numbers: int = 0, number_tokens: int = 0,
     ])
 
 
-def _normalizer(pad_numbers: int = 0, number_tags: bool = False,
-                number_tag_style: str = "insert", number_tag_digits: int = 0) -> normalizers.Normalizer | None:
+def _normalizer(pad_numbers: int = 0, number_tags: bool = False, number_tag_style: str = "insert",
+                number_tag_digits: int = 0, number_tag_context: str = "") -> normalizers.Normalizer | None:
     if not pad_numbers:
         return None
     padder = _number_padder(pad_numbers)
     if not number_tags:
         return padder
     return normalizers.Sequence([padder, _number_tagger(pad_numbers, replace=number_tag_style == "replace",
-                                                        max_digits=number_tag_digits)])
+                                                        max_digits=number_tag_digits, context=number_tag_context)])
 
 
 def _digit_strings(max_digits: int) -> list[str]:
@@ -157,19 +163,40 @@ def _number_padder(width: int) -> normalizers.Normalizer:
                                  for n in range(1, width)])
 
 
-def _number_tagger(width: int, replace: bool = False, max_digits: int = 0) -> normalizers.Normalizer:
+def _number_tagger(width: int, replace: bool = False, max_digits: int = 0,
+                   context: str = "") -> normalizers.Normalizer:
     """Put ``⟦s⟧`` before every padded number ``∅..∅s`` (``replace``: in place of its first ``∅``), s
     any 1..width-1-digit string (runs after the padder, so exactly the padded numbers are tagged: an
     n-digit string carries width - n empty digits, which identifies it). ``max_digits``: tag only
-    numbers of up to that many digits (0: width - 1, every padded number)."""
+    numbers of up to that many digits (0: width - 1, every padded number). ``context``: a regex the
+    text right after the number must match."""
     e = EMPTY_DIGIT
     free = rf"(?<![0-9{e}{TAG_OPEN}{TAG_CLOSE}])"
     kept = 1 if replace else 0
+    after = f"(?={context})" if context else ""
     return normalizers.Sequence([
-        normalizers.Replace(Regex(rf"{free}{e}{{{width - len(s)}}}{s}(?![0-9])"),
+        normalizers.Replace(Regex(rf"{free}{e}{{{width - len(s)}}}{s}(?![0-9]){after}"),
                             f"{TAG_OPEN}{s}{TAG_CLOSE}" + e * (width - len(s) - kept) + s)
         for s in _digit_strings(max_digits or width - 1)
     ])
+
+
+TAG_CONTEXTS = {"countdown": COUNTDOWN_PROMPT_CONTEXT}  # names a recipe can give instead of a regex
+
+
+def tag_context(name_or_regex: str) -> str:
+    """The regex a ``number_tag_context`` setting stands for: a name in ``TAG_CONTEXTS`` or a regex."""
+    return TAG_CONTEXTS.get(name_or_regex, name_or_regex)
+
+
+def tag_context_error(context: str) -> str | None:
+    """Why ``context`` cannot be a ``number_tag_context`` (a name in ``TAG_CONTEXTS`` or a regex
+    ``tokenizers`` accepts), or None."""
+    try:
+        Regex(tag_context(context))
+    except Exception as exc:  # the Rust regex error has no Python class of its own
+        return f"number_tag_context {context!r} is not a valid regular expression: {exc}"
+    return None
 
 
 def tag_origin(piece: str) -> str | None:
@@ -186,7 +213,7 @@ def _base_pieces() -> list[str]:
 
 def build_tokenizer(texts: Iterable[str], extra_pieces: Iterable[str] = (), pad_numbers: int = 0,
                     number_tokens: int = 0, number_tags: bool = False, number_tag_style: str = "insert",
-                    number_tag_digits: int = 0):
+                    number_tag_digits: int = 0, number_tag_context: str = ""):
     """A ``PreTrainedTokenizerFast`` whose vocabulary is every piece of ``texts`` (plus digits,
     punctuation, the chat tokens and the special tokens), with the chat template set.
 
@@ -194,7 +221,9 @@ def build_tokenizer(texts: Iterable[str], extra_pieces: Iterable[str] = (), pad_
     (2 <= D <= 3): runs of up to D digits are single tokens; the two exclude each other.
     ``number_tags`` (needs ``pad_numbers``): each padded number also gets a whole-number tag token
     before its digits, or in place of its first empty digit with ``number_tag_style="replace"``
-    (module docstring); ``number_tag_digits=D`` tags only numbers of up to D digits."""
+    (module docstring); ``number_tag_digits=D`` tags only numbers of up to D digits, and
+    ``number_tag_context=R`` only numbers that the regex R (or a name in ``TAG_CONTEXTS``) matches
+    right after."""
     from transformers import PreTrainedTokenizerFast
 
     if pad_numbers and pad_numbers < 2:
@@ -211,8 +240,13 @@ def build_tokenizer(texts: Iterable[str], extra_pieces: Iterable[str] = (), pad_
     if number_tag_digits and not 1 <= number_tag_digits < (pad_numbers or 2):
         raise ValueError(f"number_tag_digits must be 0 (every padded number) or in [1, pad_numbers - 1], "
                          f"got {number_tag_digits}")
+    if number_tag_context and not number_tags:
+        raise ValueError("number_tag_context limits which numbers get tags: it needs number_tags=True")
+    if number_tag_context and (err := tag_context_error(number_tag_context)):
+        raise ValueError(err)
+    number_tag_context = tag_context(number_tag_context)
     pre = _pre_tokenizer(pad_numbers, number_tokens, number_tags)
-    norm = _normalizer(pad_numbers, number_tags, number_tag_style, number_tag_digits)
+    norm = _normalizer(pad_numbers, number_tags, number_tag_style, number_tag_digits, number_tag_context)
     found: set[str] = set(_base_pieces()) | set(extra_pieces)
     if number_tokens:
         found |= set(_number_pieces(number_tokens))

@@ -41,6 +41,9 @@ class ModelSection:
     number_tag_style: str = "insert"
     # tag only numbers of up to this many digits (0: every padded number)
     number_tag_digits: int = 0
+    # tag only numbers that this regex matches right after ("": every padded number; "countdown": the
+    # numbers of countdown prompts, dllm.tokenization.COUNTDOWN_PROMPT_CONTEXT)
+    number_tag_context: str = ""
     attention_policy: str | None = None  # override the checkpoint's (block-diffusion SFT: block_causal)
     block_size: int | None = None
     gradient_checkpointing: bool = False
@@ -311,7 +314,7 @@ def validate(cfg: TrainConfig) -> None:
         bad(err)
     if cfg.model.pad_numbers and cfg.model.pad_numbers < 2:
         bad(f"model.pad_numbers={cfg.model.pad_numbers} must be 0 (off) or >= 2")
-    from dllm.tokenization import MAX_NUMBER_TOKEN_DIGITS, TAG_STYLES
+    from dllm.tokenization import MAX_NUMBER_TOKEN_DIGITS, TAG_STYLES, tag_context_error
 
     if cfg.model.number_tokens and not 2 <= cfg.model.number_tokens <= MAX_NUMBER_TOKEN_DIGITS:
         bad(f"model.number_tokens={cfg.model.number_tokens} must be 0 (off) or in [2, {MAX_NUMBER_TOKEN_DIGITS}]")
@@ -325,6 +328,10 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.model.number_tag_digits and not 1 <= cfg.model.number_tag_digits < max(2, cfg.model.pad_numbers):
         bad(f"model.number_tag_digits={cfg.model.number_tag_digits} must be 0 (every padded number) or in "
             "[1, model.pad_numbers - 1]")
+    if cfg.model.number_tag_context and not cfg.model.number_tags:
+        bad("model.number_tag_context limits which numbers get tags: it needs model.number_tags=true")
+    if cfg.model.number_tag_context and (err := tag_context_error(cfg.model.number_tag_context)):
+        bad(f"model.{err}")
     if cfg.model.path and cfg.model.grow_from:
         bad(f"model.path ({cfg.model.path}) and model.grow_from ({cfg.model.grow_from}) are exclusive: grow_from "
             "builds model.config and copies the checkpoint's layers into it (add model.path=null to a recipe that "

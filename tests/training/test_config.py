@@ -79,6 +79,13 @@ def test_bad_values_are_rejected():
                                                                    "model.number_tag_style=after"])
     with pytest.raises(ConfigError, match="model.number_tag_digits=3 must be 0"):
         load_config(SFTConfig, None, ["model.number_tags=true", "model.pad_numbers=3", "model.number_tag_digits=3"])
+    with pytest.raises(ConfigError, match="model.number_tag_context limits which numbers get tags"):
+        load_config(SFTConfig, REPO / "recipes" / "tiny-sft.yaml", ["model.number_tag_context=countdown"])
+    with pytest.raises(ConfigError, match=r"model.number_tag_context '\(' is not a valid regular expression"):
+        load_config(SFTConfig, REPO / "recipes" / "tiny-sft.yaml", ["model.number_tags=true",
+                                                                   "model.number_tag_context=("])
+    assert load_config(SFTConfig, REPO / "recipes" / "tiny-sft.yaml", [
+        "model.number_tags=true", "model.number_tag_context=countdown"]).model.number_tag_context == "countdown"
 
 
 @pytest.mark.parametrize("recipe,cls", [

@@ -235,8 +235,33 @@ def test_number_tag_digits_leaves_longer_numbers_untagged():
     assert tok.decode(tok("35 + 84 = 119", add_special_tokens=False)["input_ids"]) == "35 + 84 = 119"
 
 
+def test_countdown_context_tags_only_countdown_prompt_numbers():
+    from training.data import suite_texts
+
+    texts = suite_texts()
+    tok = build_tokenizer(texts, pad_numbers=4, number_tags=True, number_tag_style="replace",
+                          number_tag_digits=2, number_tag_context="countdown")
+    plain = build_tokenizer(texts, pad_numbers=4)
+    assert tok.tokenize("numbers 3 15 7 target 52 :") == [
+        "▁numbers", "▁⟦3⟧", "∅", "∅", "3", "▁⟦15⟧", "∅", "1", "5", "▁⟦7⟧", "∅", "∅", "7",
+        "▁target", "▁⟦52⟧", "∅", "5", "2", "▁:"]
+    # a target of 100 has three digits, more than number_tag_digits: padded, not tagged
+    assert tok.tokenize("numbers 3 15 7 target 100 :")[-6:] == ["▁target", "▁∅", "1", "0", "0", "▁:"]
+    # answers and every other suite's text keep plain padded digits (same pieces, so a padded-digit
+    # checkpoint reads them unchanged); each countdown prompt differs only by its tags
+    changed = [t for t in texts if tok.tokenize(t) != plain.tokenize(t)]
+    assert changed and all(t.startswith("numbers ") and t.endswith(" :") for t in changed)
+    for t in changed:
+        assert [tag_origin(p) or p for p in tok.tokenize(t)] == plain.tokenize(t)
+    assert tok.tokenize("3 * 15 + 7") == plain.tokenize("3 * 15 + 7")
+    assert tok.decode(tok("numbers 3 15 7 target 52 :", add_special_tokens=False)["input_ids"]) == \
+        "numbers 3 15 7 target 52 :"
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"number_tags": True}, "needs pad_numbers"),
+    ({"pad_numbers": 4, "number_tag_context": "countdown"}, "it needs number_tags=True"),
+    ({"pad_numbers": 4, "number_tags": True, "number_tag_context": "(target"}, "not a valid regular expression"),
     ({"pad_numbers": 4, "number_tags": True, "number_tag_style": "after"}, "number_tag_style must be one of"),
     ({"pad_numbers": 4, "number_tags": True, "number_tag_digits": 4}, "number_tag_digits must be"),
     ({"number_tokens": 1}, "number_tokens must be"),
@@ -252,6 +277,8 @@ def test_bad_number_token_settings_are_refused(kwargs, match):
     ({"model.number_tokens": 3}, 12, "▁15"),
     ({"model.pad_numbers": 4, "model.number_tags": "true"}, 23, "∅"),
     ({"model.pad_numbers": 4, "model.number_tags": "true", "model.number_tag_style": "replace"}, 20, "∅"),
+    ({"model.pad_numbers": 4, "model.number_tags": "true", "model.number_tag_style": "replace",
+      "model.number_tag_context": "countdown"}, 20, "∅"),
 ])
 def test_a_recipe_can_train_with_number_tokens_or_tags(tmp_path, settings, canvas, third_piece):
     from training.config import SFTConfig, load_config
@@ -265,6 +292,8 @@ def test_a_recipe_can_train_with_number_tokens_or_tags(tmp_path, settings, canva
     assert result.status == "finished"
     tok = load_tokenizer(tmp_path / "run" / "final")
     assert tok.tokenize("numbers 3 15 7 target 98 :")[2] == third_piece
+    if settings.get("model.number_tag_context"):  # tags in the prompt, none in the answer
+        assert tok.tokenize("numbers 3 15 7 target 98 :")[1] == "▁⟦3⟧" and tok.tokenize("3 * 15")[0] == "▁∅"
 
 
 def test_padding_reads_every_countdown_number_alike(padded_tokenizer):
