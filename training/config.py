@@ -22,6 +22,9 @@ class ConfigError(ValueError):
     """A recipe or override names an unknown key or a value of the wrong type."""
 
 
+TAG_HEADS = ("origin", "unk")  # where a new tag's head row starts: its empty digit's row, or the UNK token's
+
+
 @dataclass
 class ModelSection:
     path: str | None = None  # checkpoint dir or bundled name to start from; None: from scratch
@@ -44,6 +47,9 @@ class ModelSection:
     # tag only numbers that this regex matches right after ("": every padded number; "countdown": the
     # numbers of countdown prompts, dllm.tokenization.COUNTDOWN_PROMPT_CONTEXT)
     number_tag_context: str = ""
+    # model.path + model.tokenizer with new tags: their head rows start from the empty digit's ("origin")
+    # or from the UNK token's ("unk": for tags no answer contains; training.models.remap_vocabulary)
+    tag_head: str = "origin"
     attention_policy: str | None = None  # override the checkpoint's (block-diffusion SFT: block_causal)
     block_size: int | None = None
     gradient_checkpointing: bool = False
@@ -332,6 +338,8 @@ def validate(cfg: TrainConfig) -> None:
         bad("model.number_tag_context limits which numbers get tags: it needs model.number_tags=true")
     if cfg.model.number_tag_context and (err := tag_context_error(cfg.model.number_tag_context)):
         bad(f"model.{err}")
+    if cfg.model.tag_head not in TAG_HEADS:
+        bad(f"model.tag_head={cfg.model.tag_head!r}; valid: {', '.join(TAG_HEADS)}")
     if cfg.model.path and cfg.model.grow_from:
         bad(f"model.path ({cfg.model.path}) and model.grow_from ({cfg.model.grow_from}) are exclusive: grow_from "
             "builds model.config and copies the checkpoint's layers into it (add model.path=null to a recipe that "

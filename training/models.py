@@ -10,9 +10,9 @@ import torch
 
 from dllm.loading import load_model, resolve_model_path
 from dllm.modeling import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
-from dllm.tokenization import build_tokenizer, load_tokenizer, special_token_ids, tag_origin
+from dllm.tokenization import UNK_TOKEN, build_tokenizer, load_tokenizer, special_token_ids, tag_origin
 
-from .config import ModelSection
+from .config import TAG_HEADS, ModelSection
 
 
 def load_tokenizer_for(section: ModelSection):
@@ -47,7 +47,7 @@ def init_model(section: ModelSection, tokenizer, attention_policy: str | None = 
     if section.path:
         model = load_model(section.path, attention_policy=policy, block_size=bsz, dtype=section.dtype)
         if section.tokenizer:
-            match_vocabulary(model, resolve_model_path(section.path), tokenizer)
+            match_vocabulary(model, resolve_model_path(section.path), tokenizer, tag_head=section.tag_head)
         return model.train()
     cfg = dict(section.config)
     model_type = cfg.pop("model_type", "llada")
@@ -74,7 +74,7 @@ def init_model(section: ModelSection, tokenizer, attention_policy: str | None = 
     return model.train()
 
 
-def match_vocabulary(model: torch.nn.Module, checkpoint_dir: Path, tokenizer) -> int:
+def match_vocabulary(model: torch.nn.Module, checkpoint_dir: Path, tokenizer, tag_head: str = "origin") -> int:
     """Fit a checkpoint loaded with another tokenizer (``model.tokenizer`` names one) to that tokenizer:
     its embedding and head rows are re-indexed by token string, so a token keeps what it learned
     even when a larger vocabulary moves its id. Returns how many tokens are new (0: same vocabulary).
@@ -92,17 +92,26 @@ def match_vocabulary(model: torch.nn.Module, checkpoint_dir: Path, tokenizer) ->
     old_vocab = load_tokenizer(checkpoint_dir).get_vocab()
     if old_vocab == new_vocab:
         return 0
-    return remap_vocabulary(model, old_vocab, new_vocab)
+    return remap_vocabulary(model, old_vocab, new_vocab, tag_head=tag_head)
 
 
-def remap_vocabulary(model: torch.nn.Module, old_vocab: dict[str, int], new_vocab: dict[str, int]) -> int:
+def remap_vocabulary(model: torch.nn.Module, old_vocab: dict[str, int], new_vocab: dict[str, int],
+                     tag_head: str = "origin") -> int:
     """Re-index the embedding (and untied head) rows of ``model`` from ``old_vocab`` to ``new_vocab``
     (token string -> id). Tokens in both keep their rows. A new number tag starts from the row of
     the empty digit it stands where (``dllm.tokenization.tag_origin``): with
     ``number_tag_style="replace"`` the model then reads a tagged sequence exactly as it read the
     padded one, and predicts the tags where it predicted that empty digit. Other new tokens start
     from the mean row, so their embeddings are typical and their logits average until training
-    moves them. Returns the number of new tokens."""
+    moves them. Returns the number of new tokens.
+
+    ``tag_head="unk"`` starts the tags' *head* rows from the UNK token's instead, a token the checkpoint
+    never had to predict: for tags that no answer contains (``number_tag_context``), the remapped
+    model then gives them almost no probability, where the empty digit's row would hand each tag the
+    empty digit's logit and split its probability 1 + n_tags ways, a large loss for the first steps.
+    The embedding rows start from the empty digit either way."""
+    if tag_head not in TAG_HEADS:
+        raise ValueError(f"tag_head must be one of {', '.join(TAG_HEADS)}, got {tag_head!r}")
     size = max(new_vocab.values()) + 1
     tokens = sorted(new_vocab, key=new_vocab.get)
     old_ids = torch.tensor([old_vocab.get(t, -1) for t in tokens])
@@ -111,11 +120,11 @@ def remap_vocabulary(model: torch.nn.Module, old_vocab: dict[str, int], new_voca
     origin = torch.tensor([old_vocab.get(tag_origin(t) or "", -1) for t in tokens])
     derived = ~known & (origin >= 0)
 
-    def remapped(weight: torch.Tensor) -> torch.nn.Parameter:
+    def remapped(weight: torch.Tensor, tag_rows: str = "origin") -> torch.nn.Parameter:
         w = weight.detach()
         out = w[: len(old_vocab)].mean(0, keepdim=True).repeat(size, 1)
         out[new_ids[known]] = w[old_ids[known]]
-        out[new_ids[derived]] = w[origin[derived]]
+        out[new_ids[derived]] = w[origin[derived]] if tag_rows == "origin" else w[old_vocab[UNK_TOKEN]]
         return torch.nn.Parameter(out, requires_grad=weight.requires_grad)
 
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
@@ -123,7 +132,7 @@ def remap_vocabulary(model: torch.nn.Module, old_vocab: dict[str, int], new_voca
     emb.weight = remapped(emb.weight)
     emb.num_embeddings = size
     if head is not None:
-        head.weight = emb.weight if tied else remapped(head.weight)
+        head.weight = emb.weight if tied else remapped(head.weight, tag_head)
         head.out_features = size
     model.config.vocab_size = size
     if getattr(model.config, "embedding_size", None) is not None:

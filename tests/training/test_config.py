@@ -86,6 +86,8 @@ def test_bad_values_are_rejected():
                                                                    "model.number_tag_context=("])
     assert load_config(SFTConfig, REPO / "recipes" / "tiny-sft.yaml", [
         "model.number_tags=true", "model.number_tag_context=countdown"]).model.number_tag_context == "countdown"
+    with pytest.raises(ConfigError, match="model.tag_head='mean'; valid: origin, unk"):
+        load_config(SFTConfig, REPO / "recipes" / "tiny-sft.yaml", ["model.tag_head=mean"])
 
 
 @pytest.mark.parametrize("recipe,cls", [

@@ -77,6 +77,35 @@ def test_replace_style_tags_leave_a_padded_digit_model_unchanged(tmp_path, token
     torch.testing.assert_close(lb[..., new_vocab["⟦35⟧"]], la[..., old_vocab["∅"]])
 
 
+def test_countdown_prompt_tags_with_the_unk_head_keep_a_padded_digit_model_predicting_as_before(tmp_path, tokenizer):
+    # tags that no answer contains (number_tag_context) start their head rows from UNK, which the
+    # model never had to predict: the tags take almost no probability, so the first steps of a
+    # fine-tune do not pay for them
+    tagged = build_tokenizer(suite_texts(), pad_numbers=4, number_tags=True, number_tag_style="replace",
+                             number_tag_digits=2, number_tag_context="countdown")
+    path = _checkpoint(tmp_path / "ckpt", tokenizer)
+    before, origin, unk = (load_model(path).eval() for _ in range(3))
+    assert match_vocabulary(origin, path, tagged) == match_vocabulary(unk, path, tagged, tag_head="unk") == 220
+    text = "What is 35 + 7 ?"  # not a countdown prompt: no tags, same pieces as the padded tokenizer
+    assert tagged.tokenize(text) == tokenizer.tokenize(text)
+    b = torch.tensor([tagged(text)["input_ids"] + [tagged.mask_token_id] * 3])
+    a = torch.tensor([tokenizer(text)["input_ids"] + [tokenizer.mask_token_id] * 3])
+    with torch.no_grad():
+        la, lo, lu = before(a).logits, origin(b).logits, unk(b).logits
+    old_vocab, new_vocab = tokenizer.get_vocab(), tagged.get_vocab()
+    perm = torch.tensor([new_vocab[t] for t in sorted(old_vocab, key=old_vocab.get)])
+    torch.testing.assert_close(lu[..., perm], la)
+    torch.testing.assert_close(lo[..., perm], la)  # the heads differ only on the tags
+    tags = torch.tensor([i for t, i in new_vocab.items() if tag_origin(t)])
+    torch.testing.assert_close(lu[..., tags], la[..., [old_vocab["<|unk|>"]]].expand(*la.shape[:2], len(tags)))
+    # (an untrained model gives UNK a typical logit; the bundled tiny gives it log p < -6.7 on answers)
+    torch.testing.assert_close(lo[..., new_vocab["▁⟦35⟧"]], la[..., old_vocab["▁∅"]])
+    torch.testing.assert_close(unk.get_input_embeddings().weight[new_vocab["▁⟦35⟧"]],
+                               before.get_input_embeddings().weight[old_vocab["▁∅"]])
+    with pytest.raises(ValueError, match="tag_head must be one of origin, unk"):
+        match_vocabulary(load_model(path), path, tagged, tag_head="mean")
+
+
 def test_a_checkpoint_without_a_tokenizer_is_refused_when_ids_do_not_fit(tmp_path, tokenizer, bigger_tokenizer):
     path = _checkpoint(tmp_path / "ckpt", tokenizer)
     (path / "tokenizer.json").unlink()
