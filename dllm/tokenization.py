@@ -131,7 +131,8 @@ def _normalizer(pad_numbers: int = 0, number_tags: bool = False, number_tag_styl
     if not number_tags:
         return padder
     return normalizers.Sequence([padder, _number_tagger(pad_numbers, replace=number_tag_style == "replace",
-                                                        max_digits=number_tag_digits, context=number_tag_context)])
+                                                        max_digits=number_tag_digits,
+                                                        context=tag_context(number_tag_context))])
 
 
 def _digit_strings(max_digits: int) -> list[str]:
@@ -244,7 +245,6 @@ def build_tokenizer(texts: Iterable[str], extra_pieces: Iterable[str] = (), pad_
         raise ValueError("number_tag_context limits which numbers get tags: it needs number_tags=True")
     if number_tag_context and (err := tag_context_error(number_tag_context)):
         raise ValueError(err)
-    number_tag_context = tag_context(number_tag_context)
     pre = _pre_tokenizer(pad_numbers, number_tokens, number_tags)
     norm = _normalizer(pad_numbers, number_tags, number_tag_style, number_tag_digits, number_tag_context)
     found: set[str] = set(_base_pieces()) | set(extra_pieces)

@@ -129,6 +129,9 @@ def remap_vocabulary(model: torch.nn.Module, old_vocab: dict[str, int], new_voca
 
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     tied = head is not None and head.weight is emb.weight
+    if tag_head != "origin" and (head is None or tied):
+        raise ValueError(f"tag_head={tag_head!r} sets the tags' head rows apart from their embedding rows; this "
+                         "model ties its head to its embedding, so use tag_head='origin'")
     emb.weight = remapped(emb.weight)
     emb.num_embeddings = size
     if head is not None:

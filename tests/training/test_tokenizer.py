@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dllm.tokenization import build_tokenizer, load_tokenizer, save_tokenizer, special_token_ids, tag_origin
+from dllm.tokenization import build_tokenizer, load_tokenizer, pieces, save_tokenizer, special_token_ids, tag_origin
 from eval.tasks import count_tokens, get_suite, suite_names
 
 
@@ -254,6 +254,8 @@ def test_countdown_context_tags_only_countdown_prompt_numbers():
     for t in changed:
         assert [tag_origin(p) or p for p in tok.tokenize(t)] == plain.tokenize(t)
     assert tok.tokenize("3 * 15 + 7") == plain.tokenize("3 * 15 + 7")
+    assert pieces("numbers 3 15 7 target 52 :", pad_numbers=4, number_tags=True, number_tag_style="replace",
+                  number_tag_context="countdown") == tok.tokenize("numbers 3 15 7 target 52 :")
     assert tok.decode(tok("numbers 3 15 7 target 52 :", add_special_tokens=False)["input_ids"]) == \
         "numbers 3 15 7 target 52 :"
 

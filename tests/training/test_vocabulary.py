@@ -104,6 +104,9 @@ def test_countdown_prompt_tags_with_the_unk_head_keep_a_padded_digit_model_predi
                                before.get_input_embeddings().weight[old_vocab["▁∅"]])
     with pytest.raises(ValueError, match="tag_head must be one of origin, unk"):
         match_vocabulary(load_model(path), path, tagged, tag_head="mean")
+    tied = _checkpoint(tmp_path / "tied", tokenizer, tied=True)
+    with pytest.raises(ValueError, match="ties its head to its embedding"):
+        match_vocabulary(load_model(tied), tied, tagged, tag_head="unk")
 
 
 def test_a_checkpoint_without_a_tokenizer_is_refused_when_ids_do_not_fit(tmp_path, tokenizer, bigger_tokenizer):
