@@ -18,8 +18,14 @@ test split; ``--split`` picks which, ``--n`` caps the count): their shapes are t
 operations (``n * n``), so it shows whether a model can tell which one operation lands on a
 target at all.
 
+``--ablate-tags`` (models whose tokenizer has number tags, ``number_tags``): every tag in the prompt
+is replaced by the empty digit it stands where (``▁⟦15⟧ ∅ 1 5`` -> ``▁∅ ∅ 1 5``) before generating,
+so the prompt keeps only the digit view. The drop against a plain run is how much the model reads
+the whole-number view at all.
+
     python benchmarks/countdown_failures.py --model tiny --strategy vanilla --n 600
     python benchmarks/countdown_failures.py --model tiny --strategy vanilla --pairs --split train
+    python benchmarks/countdown_failures.py --model <tagged model> --strategy vanilla --n 600 --ablate-tags
 """
 
 from __future__ import annotations
@@ -99,6 +105,33 @@ def pair_examples(split: str, n: int) -> list:
             for i, p in enumerate(problems)]
 
 
+def tag_ablation_map(tokenizer) -> torch.Tensor | None:
+    """An id -> id table that sends every number tag to the empty digit it stands where
+    (``dllm.tokenization.tag_origin``) and every other id to itself; None if the vocabulary has no tags."""
+    from dllm.tokenization import tag_origin
+
+    vocab = tokenizer.get_vocab()
+    table = torch.arange(max(vocab.values()) + 1)
+    tagged = False
+    for piece, i in vocab.items():
+        if (origin := tag_origin(piece)) is not None:
+            table[i] = vocab[origin]
+            tagged = True
+    return table if tagged else None
+
+
+def generate_ablated(model, tokenizer, prompts: list[str], cfg, table: torch.Tensor) -> list[str]:
+    """Greedy completions of ``prompts`` with their ids mapped through ``table`` first."""
+    from dllm.text import completion_text, encode_prompts
+
+    ids, mask = encode_prompts(tokenizer, prompts)
+    ids = table[ids]
+    out = model.generate(ids, attention_mask=mask, generation_config=cfg.replace(return_dict_in_generate=True))
+    p = ids.shape[1]
+    return [completion_text(tokenizer, out.sequences[i, p:].tolist(), cfg.eos_token_id, cfg.stop_strings)
+            for i in range(len(prompts))]
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny")
@@ -110,6 +143,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="decoding block length (1: strictly left to right); default: the model's own")
     ap.add_argument("--pairs", action="store_true",
                     help="score the two-number problems of --split (up to --n) instead of three-number ones")
+    ap.add_argument("--ablate-tags", action="store_true",
+                    help="replace the prompt's number tags by the empty digits they stand where (tagged tokenizers)")
     ap.add_argument("--batch-size", type=int, default=50)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, help="also write the results here")
@@ -131,6 +166,9 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"unknown strategy {args.strategy!r}; valid: {', '.join(sorted(STRATEGIES))}")
     hf_logging.disable_progress_bar()
     tok = load_tokenizer(resolve_model_path(args.model))
+    table = tag_ablation_map(tok) if args.ablate_tags else None
+    if args.ablate_tags and table is None:
+        raise SystemExit(f"--ablate-tags: the tokenizer of {args.model!r} has no number tags (number_tags)")
     model = load_model(args.model).eval()
     cfg = model.diffusion_generation_config.replace(
         temperature=0.0, mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
@@ -154,9 +192,12 @@ def main(argv: list[str] | None = None) -> dict:
     for start in range(0, len(examples), args.batch_size):
         batch = examples[start:start + args.batch_size]
         with torch.no_grad():
-            results = generate_text(model, tok, [ex.prompt for ex in batch], generation_config=cfg)
-        for ex, res in zip(batch, results):
-            text = res.text
+            prompts = [ex.prompt for ex in batch]
+            if table is None:
+                texts = [res.text for res in generate_text(model, tok, prompts, generation_config=cfg)]
+            else:
+                texts = generate_ablated(model, tok, prompts, cfg, table)
+        for ex, text in zip(batch, texts):
             score = suite.score(ex, text)
             kind = classify(score)
             kinds[kind] += 1
@@ -171,7 +212,7 @@ def main(argv: list[str] | None = None) -> dict:
             cell[1] += 1
     shapes = {s: {"correct": c, "n": m} for s, (c, m) in sorted(by_shape.items(), key=lambda kv: -kv[1][1])}
     print(f"model={args.model} strategy={cfg.strategy} block_length={cfg.block_length} split={args.split} "
-          f"{'pairs ' if args.pairs else ''}"
+          f"{'pairs ' if args.pairs else ''}{'tags ablated ' if args.ablate_tags else ''}"
           f"n={len(examples)} torch_threads={torch.get_num_threads()}")
     for k in KINDS:
         print(f"  {k:<15}{kinds[k]:>5}")
@@ -182,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict:
     for s, v in shapes.items():
         print(f"  {s:<22}{v['correct']:>4}/{v['n']:<4}{100 * v['correct'] / v['n']:6.1f}%")
     result = {"model": args.model, "strategy": cfg.strategy, "block_length": cfg.block_length,
-              "split": args.split, "pairs": args.pairs, "n": len(examples),
+              "split": args.split, "pairs": args.pairs, "ablate_tags": args.ablate_tags, "n": len(examples),
               "torch_threads": torch.get_num_threads(), "counts": {k: kinds[k] for k in KINDS},
               "right_answers": {"canonical": right_form["canonical"], "other": right_form["other"]},
               "steps": {k: steps[k] for k in ("answers", "first step true", "last step reaches target")},

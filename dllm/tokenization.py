@@ -34,6 +34,11 @@ before it (``"35"`` -> ``▁⟦35⟧ ∅ 3 5``, ``"123"`` -> ``▁⟦123⟧ 1 2 
 and positions of plain padding, so a model trained with padded digits can take up the tags without
 relearning where things are (``training.models.remap_vocabulary`` starts each tag from the row of
 the empty digit it replaces, which leaves such a model's function unchanged on its inputs).
+``number_tag_style="whole"`` puts the tag in place of the whole padded number (``"35"`` -> ``▁⟦35⟧ ∅ ∅ ∅``,
+the same length): the tag is then the number's only view, so a model cannot read the number from its
+digits instead (a padded-digit model fine-tuned with ``replace`` tags kept reading the digits,
+docs/training.md, session 31). Tags decode to nothing, so tagged numbers do not decode back; use it
+with ``number_tag_context`` for prompts, which are encoded and never decoded.
 ``number_tag_digits=D`` tags only numbers of up to D digits (0: every padded number): 1,000 three-digit
 tags are each a rare class, which a fine-tuned model was slow to learn (docs/training.md, session 29).
 ``number_tag_context=R`` tags only numbers that the regular expression R matches right after (a
@@ -78,7 +83,9 @@ TAG_OPEN, TAG_CLOSE = "\u27e6", "\u27e7"  # "⟦", "⟧": a number tag ⟦35⟧ 
 TAG_PATTERN = f"{TAG_OPEN}[0-9]+{TAG_CLOSE}"
 # the numbers of a countdown prompt: more numbers then "target", or the target before " :"
 COUNTDOWN_PROMPT_CONTEXT = f"[0-9{EMPTY_DIGIT}{TAG_OPEN}{TAG_CLOSE} ]* (?:target|:)"
-TAG_STYLES = ("insert", "replace")  # number_tag_style: the tag goes before the padded number, or replaces its first ∅
+# number_tag_style: the tag goes before the padded number, replaces its first ∅, or replaces the whole
+# number (the tag then is the number's only view: "whole")
+TAG_STYLES = ("insert", "replace", "whole")
 PADDED_PIECE_PATTERN = rf"{SPACE}?[A-Za-z]+|{SPACE}?[0-9{EMPTY_DIGIT}]|{SPACE}?[^A-Za-z0-9{SPACE}{EMPTY_DIGIT}]|{SPACE}"
 
 # Roles: the user turn and the generation prompt are what training and generation feed the model.
@@ -130,7 +137,7 @@ def _normalizer(pad_numbers: int = 0, number_tags: bool = False, number_tag_styl
     padder = _number_padder(pad_numbers)
     if not number_tags:
         return padder
-    return normalizers.Sequence([padder, _number_tagger(pad_numbers, replace=number_tag_style == "replace",
+    return normalizers.Sequence([padder, _number_tagger(pad_numbers, style=number_tag_style,
                                                         max_digits=number_tag_digits,
                                                         context=tag_context(number_tag_context))])
 
@@ -164,20 +171,25 @@ def _number_padder(width: int) -> normalizers.Normalizer:
                                  for n in range(1, width)])
 
 
-def _number_tagger(width: int, replace: bool = False, max_digits: int = 0,
+def _number_tagger(width: int, style: str = "insert", max_digits: int = 0,
                    context: str = "") -> normalizers.Normalizer:
-    """Put ``⟦s⟧`` before every padded number ``∅..∅s`` (``replace``: in place of its first ``∅``), s
-    any 1..width-1-digit string (runs after the padder, so exactly the padded numbers are tagged: an
-    n-digit string carries width - n empty digits, which identifies it). ``max_digits``: tag only
-    numbers of up to that many digits (0: width - 1, every padded number). ``context``: a regex the
-    text right after the number must match."""
+    """Put ``⟦s⟧`` before every padded number ``∅..∅s`` (``replace``: in place of its first ``∅``;
+    ``whole``: in place of the whole padded number, which becomes ``⟦s⟧`` and ``width - 1`` empty
+    digits), s any 1..width-1-digit string (runs after the padder, so exactly the padded numbers are
+    tagged: an n-digit string carries width - n empty digits, which identifies it). ``max_digits``:
+    tag only numbers of up to that many digits (0: width - 1, every padded number). ``context``: a
+    regex the text right after the number must match."""
     e = EMPTY_DIGIT
     free = rf"(?<![0-9{e}{TAG_OPEN}{TAG_CLOSE}])"
-    kept = 1 if replace else 0
     after = f"(?={context})" if context else ""
+
+    def tagged(s: str) -> str:
+        if style == "whole":
+            return f"{TAG_OPEN}{s}{TAG_CLOSE}" + e * (width - 1)
+        return f"{TAG_OPEN}{s}{TAG_CLOSE}" + e * (width - len(s) - (style == "replace")) + s
+
     return normalizers.Sequence([
-        normalizers.Replace(Regex(rf"{free}{e}{{{width - len(s)}}}{s}(?![0-9]){after}"),
-                            f"{TAG_OPEN}{s}{TAG_CLOSE}" + e * (width - len(s) - kept) + s)
+        normalizers.Replace(Regex(rf"{free}{e}{{{width - len(s)}}}{s}(?![0-9]){after}"), tagged(s))
         for s in _digit_strings(max_digits or width - 1)
     ])
 

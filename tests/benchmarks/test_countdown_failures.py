@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from eval.tasks import Example, get_suite
 
@@ -94,3 +95,74 @@ def test_pair_problems(load_benchmark, run_benchmark):
     result = run_benchmark("countdown_failures", ["--pairs", "--n", "5", "--batch-size", "5"])
     assert result["pairs"] is True and result["n"] == 5 == sum(result["counts"].values())
     assert all(len(s.split()) == 3 for s in result["by_shape"])  # "n op n"
+
+
+def _tagged_micro_model(path):
+    """A random micro LLaDA model with a countdown-prompt-tag tokenizer whose tag embedding rows
+    equal the rows of the empty digits they stand where: it cannot tell a tag from its origin."""
+    from dllm.modeling import LLaDAConfig, LLaDAModelLM
+    from dllm.tokenization import build_tokenizer, special_token_ids
+    from training.data import suite_texts
+
+    tok = build_tokenizer(suite_texts(), pad_numbers=4, number_tags=True, number_tag_style="replace",
+                          number_tag_digits=2, number_tag_context="countdown")
+    torch.manual_seed(0)
+    cfg = LLaDAConfig(vocab_size=len(tok), embedding_size=len(tok), rope_theta=10000.0, d_model=32, n_layers=1,
+                      n_heads=2, n_kv_heads=2, mlp_hidden_size=64, **special_token_ids(tok))
+    model = LLaDAModelLM(cfg)
+    table = _load_cf().tag_ablation_map(tok)
+    with torch.no_grad():
+        emb = model.get_input_embeddings().weight
+        emb.copy_(emb[table])
+    model.save_pretrained(str(path))
+    tok.save_pretrained(str(path))
+    return tok
+
+
+def _load_cf():
+    from .conftest import _load
+
+    return _load("countdown_failures")
+
+
+def test_ablate_tags(run_benchmark, tmp_path):
+    cf = _load_cf()
+    tok = _tagged_micro_model(tmp_path / "m")
+    table = cf.tag_ablation_map(tok)
+    vocab = tok.get_vocab()
+    inv = {i: t for t, i in vocab.items()}
+    ids = tok("numbers 3 15 7 target 52 :", add_special_tokens=False)["input_ids"]
+    assert [inv[int(i)] for i in table[torch.tensor(ids)]] == [
+        "▁numbers", "▁∅", "∅", "∅", "3", "▁∅", "∅", "1", "5", "▁∅", "∅", "∅", "7", "▁target", "▁∅", "∅", "5", "2", "▁:"]
+    untouched = [i for t, i in vocab.items() if "⟦" not in t]
+    assert table[untouched].tolist() == untouched
+    argv = ["--model", str(tmp_path / "m"), "--strategy", "vanilla", "--n", "4", "--batch-size", "2"]
+    plain, ablated = run_benchmark("countdown_failures", argv), run_benchmark("countdown_failures", argv + ["--ablate-tags"])
+    assert (plain["ablate_tags"], ablated["ablate_tags"]) == (False, True)
+    # this model reads a tag exactly as its empty digit, so removing the tags changes nothing
+    assert {k: v for k, v in ablated.items() if k != "ablate_tags"} == {k: v for k, v in plain.items() if k != "ablate_tags"}
+    assert sum(ablated["counts"].values()) == 4
+    with pytest.raises(SystemExit, match="has no number tags"):
+        run_benchmark("countdown_failures", ["--n", "1", "--ablate-tags"])  # the bundled tiny: padded digits only
+
+
+def test_generate_ablated_feeds_the_mapped_ids(tmp_path):
+    from types import SimpleNamespace
+
+    from dllm import DiffusionGenerationConfig
+
+    cf = _load_cf()
+    tok = _tagged_micro_model(tmp_path / "m")
+    seen = []
+
+    def generate(ids, attention_mask, generation_config):
+        seen.append(ids)
+        eos = torch.full((ids.shape[0], 1), tok.eos_token_id)
+        return SimpleNamespace(sequences=torch.cat([ids, eos], 1))
+
+    cfg = DiffusionGenerationConfig(eos_token_id=tok.eos_token_id, mask_token_id=tok.mask_token_id)
+    texts = cf.generate_ablated(SimpleNamespace(generate=generate), tok, ["numbers 3 15 7 target 52 :"], cfg,
+                               cf.tag_ablation_map(tok))
+    assert texts == [""]
+    pieces = tok.convert_ids_to_tokens(seen[0][0].tolist())
+    assert "▁⟦15⟧" in tok.tokenize("numbers 3 15 7 target 52 :") and not any("⟦" in p for p in pieces)

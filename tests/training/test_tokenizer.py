@@ -260,6 +260,31 @@ def test_countdown_context_tags_only_countdown_prompt_numbers():
         "numbers 3 15 7 target 52 :"
 
 
+def test_whole_style_tags_are_a_countdown_prompt_numbers_only_view():
+    from training.data import suite_texts
+
+    texts = suite_texts()
+    tok = build_tokenizer(texts, pad_numbers=4, number_tags=True, number_tag_style="whole",
+                          number_tag_digits=2, number_tag_context="countdown")
+    plain = build_tokenizer(texts, pad_numbers=4)
+    assert tok.tokenize("numbers 3 15 7 target 52 :") == [
+        "▁numbers", "▁⟦3⟧", "∅", "∅", "∅", "▁⟦15⟧", "∅", "∅", "∅", "▁⟦7⟧", "∅", "∅", "∅",
+        "▁target", "▁⟦52⟧", "∅", "∅", "∅", "▁:"]
+    # same length and positions as plain padding; numbers over number_tag_digits keep their digits
+    assert tok.tokenize("numbers 3 15 7 target 100 :")[-6:] == ["▁target", "▁∅", "1", "0", "0", "▁:"]
+    changed = [t for t in texts if tok.tokenize(t) != plain.tokenize(t)]
+    assert changed and all(t.startswith("numbers ") and t.endswith(" :") for t in changed)
+    for t in changed:
+        a, b = tok.tokenize(t), plain.tokenize(t)
+        assert len(a) == len(b) and not any(p.isdigit() for p, q in zip(a, b) if p != q)
+    assert tok.tokenize("3 * 15 + 7") == plain.tokenize("3 * 15 + 7")
+    # the tag is the number's only view, and tags decode to nothing: a prompt's tagged numbers do
+    # not decode back (answers, which carry no tags, do)
+    assert tok.decode(tok("numbers 3 15 target 100 :", add_special_tokens=False)["input_ids"]) == \
+        "numbers   target 100 :"
+    assert tok.decode(tok("3 * 15 + 7", add_special_tokens=False)["input_ids"]) == "3 * 15 + 7"
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"number_tags": True}, "needs pad_numbers"),
     ({"pad_numbers": 4, "number_tag_context": "countdown"}, "it needs number_tags=True"),
@@ -280,6 +305,8 @@ def test_bad_number_token_settings_are_refused(kwargs, match):
     ({"model.pad_numbers": 4, "model.number_tags": "true"}, 23, "∅"),
     ({"model.pad_numbers": 4, "model.number_tags": "true", "model.number_tag_style": "replace"}, 20, "∅"),
     ({"model.pad_numbers": 4, "model.number_tags": "true", "model.number_tag_style": "replace",
+      "model.number_tag_context": "countdown"}, 20, "∅"),
+    ({"model.pad_numbers": 4, "model.number_tags": "true", "model.number_tag_style": "whole",
       "model.number_tag_context": "countdown"}, 20, "∅"),
 ])
 def test_a_recipe_can_train_with_number_tokens_or_tags(tmp_path, settings, canvas, third_piece):
