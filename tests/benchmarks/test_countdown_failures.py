@@ -97,7 +97,7 @@ def test_pair_problems(load_benchmark, run_benchmark):
     assert all(len(s.split()) == 3 for s in result["by_shape"])  # "n op n"
 
 
-def _tagged_micro_model(path):
+def _tagged_micro_model(cf, path):
     """A random micro LLaDA model with a countdown-prompt-tag tokenizer whose tag embedding rows
     equal the rows of the empty digits they stand where: it cannot tell a tag from its origin."""
     from dllm.modeling import LLaDAConfig, LLaDAModelLM
@@ -110,7 +110,7 @@ def _tagged_micro_model(path):
     cfg = LLaDAConfig(vocab_size=len(tok), embedding_size=len(tok), rope_theta=10000.0, d_model=32, n_layers=1,
                       n_heads=2, n_kv_heads=2, mlp_hidden_size=64, **special_token_ids(tok))
     model = LLaDAModelLM(cfg)
-    table = _load_cf().tag_ablation_map(tok)
+    table = cf.tag_ablation_map(tok)
     with torch.no_grad():
         emb = model.get_input_embeddings().weight
         emb.copy_(emb[table])
@@ -119,15 +119,9 @@ def _tagged_micro_model(path):
     return tok
 
 
-def _load_cf():
-    from .conftest import _load
-
-    return _load("countdown_failures")
-
-
-def test_ablate_tags(run_benchmark, tmp_path):
-    cf = _load_cf()
-    tok = _tagged_micro_model(tmp_path / "m")
+def test_ablate_tags(load_benchmark, run_benchmark, tmp_path):
+    cf = load_benchmark("countdown_failures")
+    tok = _tagged_micro_model(cf, tmp_path / "m")
     table = cf.tag_ablation_map(tok)
     vocab = tok.get_vocab()
     inv = {i: t for t, i in vocab.items()}
@@ -146,13 +140,13 @@ def test_ablate_tags(run_benchmark, tmp_path):
         run_benchmark("countdown_failures", ["--n", "1", "--ablate-tags"])  # the bundled tiny: padded digits only
 
 
-def test_generate_ablated_feeds_the_mapped_ids(tmp_path):
+def test_generate_ablated_feeds_the_mapped_ids(load_benchmark, tmp_path):
     from types import SimpleNamespace
 
     from dllm import DiffusionGenerationConfig
 
-    cf = _load_cf()
-    tok = _tagged_micro_model(tmp_path / "m")
+    cf = load_benchmark("countdown_failures")
+    tok = _tagged_micro_model(cf, tmp_path / "m")
     seen = []
 
     def generate(ids, attention_mask, generation_config):
