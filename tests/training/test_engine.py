@@ -104,6 +104,25 @@ def test_nan_guard_keeps_last_good_checkpoint(tmp_path):
     assert not (tmp_path / "run" / "final").exists()
 
 
+def test_gradient_guard_stops_on_a_finite_loss_with_non_finite_gradients(tmp_path):
+    class BadGradients(SFTTrainer):
+        calls = 0
+
+        def compute_loss(self, model, batch, generator):
+            BadGradients.calls += 1
+            if BadGradients.calls == 1:  # the loss stays finite; on call 4 only its gradient turns infinite
+                weight = next(p for p in model.parameters() if p.requires_grad)
+                weight.register_hook(lambda g: g * float("inf") if BadGradients.calls == 4 else g)
+            return super().compute_loss(model, batch, generator)
+
+    cfg = load_config(SFTConfig, None, micro_overrides(tmp_path / "run", save_every=2))
+    with pytest.raises(TrainingDiverged) as err:
+        BadGradients(cfg).run()
+    msg = str(err.value)
+    assert "non-finite gradient norm" in msg and "step 4" in msg and "step-0000002" in msg
+    assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [2]
+
+
 def test_sigterm_saves_a_valid_checkpoint_and_exits_cleanly(tmp_path):
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "training.cli", "sft", "--config", str(REPO / "recipes" / "smoke-sft.yaml"),
