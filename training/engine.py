@@ -240,33 +240,32 @@ class Trainer:
         stop = _StopFlag()
         stop.install()
         status = "finished"
-        window = {"losses": [], "tokens": 0, "t": time.time(), "pause": 0.0, "suite": {}}
+        window = {"loss": 0.0, "n": 0, "tokens": 0, "t": time.time(), "pause": 0.0, "suite": {}}
         try:
             while state.step < cfg.max_steps:
                 model.train()
-                step_losses = []
                 for micro in range(cfg.grad_accum):
-                    host_batch = stream.next_batch()
-                    tokens = int(host_batch.attention_mask.sum()) * accelerator.num_processes
-                    batch = host_batch.to(accelerator.device)
+                    batch = stream.next_batch().to(accelerator.device)
                     sync = micro == cfg.grad_accum - 1
                     plain = sync or accelerator.num_processes == 1 or self.is_deepspeed
                     with nullcontext() if plain else accelerator.no_sync(model):
                         with accelerator.autocast():
                             loss = self.compute_loss(model, batch, generator)
-                        if self.is_deepspeed:  # DeepSpeed updates inside backward: check before it
-                            self._guard(loss, "loss", state.step, accelerator, run_dir)
+                        self._guard(loss, "loss", state.step, accelerator, run_dir)
                         # DeepSpeed divides by its gradient_accumulation_steps and steps at the boundary itself
                         accelerator.backward(loss if self.is_deepspeed else loss / cfg.grad_accum)
-                    # kept on the device: reading a loss back every micro-batch would stall a GPU each time
-                    step_losses.append(loss.detach())
+                    value = float(loss.detach())
+                    window["loss"] += value
+                    window["n"] += 1
                     suite = batch.suites[0] if len(set(batch.suites)) == 1 else "mixed"
-                    window["suite"].setdefault(suite, []).append(loss.detach())
+                    s = window["suite"].setdefault(suite, [0.0, 0])
+                    s[0] += value
+                    s[1] += 1
+                    tokens = int(batch.attention_mask.sum()) * accelerator.num_processes
                     window["tokens"] += tokens
                     state.tokens += tokens
                 grad_norm = self._clip(model, accelerator)
-                self._guard_step(step_losses, grad_norm, state.step, accelerator, run_dir)
-                window["losses"] += step_losses
+                self._guard(grad_norm, "gradient norm", state.step, accelerator, run_dir)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -275,15 +274,13 @@ class Trainer:
 
                 if state.step % cfg.log_every == 0 or state.step == cfg.max_steps:
                     dt = max(time.time() - window["t"] - window["pause"], 1e-9)
-                    losses = torch.stack(window["losses"]).tolist()
-                    scalars = {"loss": sum(losses) / max(1, len(losses)), "lr": scheduler.get_last_lr()[0],
+                    scalars = {"loss": window["loss"] / max(1, window["n"]), "lr": scheduler.get_last_lr()[0],
                                "grad_norm": float(grad_norm), "tokens_per_s": window["tokens"] / dt,
                                "tokens_seen": state.tokens}
-                    for name, values in sorted(window["suite"].items()):
-                        values = torch.stack(values).tolist()
-                        scalars[f"loss_{name}"] = sum(values) / len(values)
+                    for name, (tot, n) in sorted(window["suite"].items()):
+                        scalars[f"loss_{name}"] = tot / n
                     log.log(state.step, scalars)
-                    window = {"losses": [], "tokens": 0, "t": time.time(), "pause": 0.0, "suite": {}}
+                    window = {"loss": 0.0, "n": 0, "tokens": 0, "t": time.time(), "pause": 0.0, "suite": {}}
                 t_pause = time.time()  # evaluation and saving are not training throughput
                 if cfg.eval_every and state.step % cfg.eval_every == 0 and state.step < cfg.max_steps:
                     self._eval(accelerator, model, log, state.step)
@@ -326,20 +323,6 @@ class Trainer:
             return accelerator.clip_grad_norm_(params, self.cfg.optim.grad_clip)
         grads = [p.grad.detach().float().norm() for p in params if p.grad is not None]
         return torch.stack(grads).norm() if grads else torch.tensor(0.0)
-
-    def _guard_step(self, losses: list[torch.Tensor], grad_norm: torch.Tensor, step: int, accelerator,
-                    run_dir: Path) -> None:
-        """The loss and gradient-norm checks of one step, read back from the device in one go."""
-        loss = torch.stack([x.float() for x in losses])
-        norm = torch.as_tensor(grad_norm).float().to(loss.device)
-        flags = torch.stack([(~torch.isfinite(loss)).any(), (~torch.isfinite(norm)).any()]).float()
-        if accelerator.num_processes > 1:
-            flags = accelerator.reduce(flags, reduction="sum")
-        bad_loss, bad_norm = flags.tolist()
-        if bad_loss:
-            self._guard(loss, "loss", step, accelerator, run_dir)
-        if bad_norm:
-            self._guard(norm, "gradient norm", step, accelerator, run_dir)
 
     def _guard(self, value: torch.Tensor, what: str, step: int, accelerator, run_dir: Path) -> None:
         bad = torch.tensor([0.0 if bool(torch.isfinite(value.detach()).all()) else 1.0], device=accelerator.device)
