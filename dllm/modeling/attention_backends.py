@@ -304,8 +304,18 @@ def flex_signature(q: torch.Tensor, gqa: bool) -> tuple:
     return (q.device.type, q.dtype, q.shape[-1], gqa)
 
 
+FLEX_MIN_HEAD_DIM_CUDA = 16  # Inductor's flex kernel: "embedding dimension ... must be at least 16" (torch 2.11)
+
+
+def flex_kernel_supports(device_type: str, head_dim: int) -> bool:
+    """Whether the compiled CUDA flex kernel takes this head size (eager flex elsewhere takes any)."""
+    return device_type != "cuda" or head_dim >= FLEX_MIN_HEAD_DIM_CUDA
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: MaskSpec, backend: str, gqa: bool) -> torch.Tensor:
     """Attention output [batch, heads, q, head_dim] of one layer under ``spec``."""
+    if backend == "flex" and not flex_kernel_supports(q.device.type, q.shape[-1]):
+        backend = "sdpa"  # known unsupported: skip the doomed compile and its warning
     if backend == "flex":
         sig = flex_signature(q, gqa)
         if sig not in _BROKEN:
