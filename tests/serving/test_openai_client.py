@@ -139,10 +139,15 @@ def test_n_choices(client):
 
 def test_stop_strings_cut_text_even_across_chunks(client):
     messages = [{"role": "user", "content": PROMPTS[0]}]
-    _, texts, _, _ = _stream_chat(client, messages=messages, max_tokens=32, temperature=0)
-    deltas = texts[0]
+    # The server merges a choice's deltas that are ready at one wake-up, so on a loaded machine a
+    # stream can arrive in fewer chunks; the property needs one chunk boundary, so ask again if not.
+    for _attempt in range(5):
+        _, texts, _, _ = _stream_chat(client, messages=messages, max_tokens=32, temperature=0)
+        deltas = texts[0]
+        if len(deltas) >= 2:
+            break
     full = "".join(deltas)
-    assert len(deltas) >= 3, deltas
+    assert len(deltas) >= 2, deltas
     # a stop string straddling the boundary between two deltas
     k = next(i for i in range(1, len(deltas)) if len(deltas[i - 1]) >= 1 and len(deltas[i]) >= 1)
     stop = deltas[k - 1][-1] + deltas[k][:2]
