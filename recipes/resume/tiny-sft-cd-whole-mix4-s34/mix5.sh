@@ -1,10 +1,6 @@
 #!/bin/bash
-# Session 34, phase 5: from M4 (mix4.sh), the same mix at lr 7e-5, 2000 steps, 1 thread.
+# Session 34, phase 5: M4 (this folder's weights) + 2000 steps of mix4.sh's mix at lr 7e-5, seed 56.
+# Resolves to the run's config (--print-config) but for model.path, which was runs/s34/M4/final.
 cd "$(git rev-parse --show-toplevel)"
-SRC=${SRC:-recipes/resume/tiny-sft-cd-whole-mix4-s34}  # M4, this folder
-OMP_WAIT_POLICY=PASSIVE .venv/bin/dllm train sft --config recipes/tiny-sft.yaml run_dir=runs/s34/M5 \
-    export_dir=runs/s34/M5/final model.path=$SRC seed=56 max_steps=${STEPS:-2000} num_threads=1 optim.lr=7e-5 \
-    optim.warmup_steps=50 prefix_prob=0.7 t_min=0.0 full_mask_prob=0.25 result_mask_prob=0.8 \
-    data.tasks.arith=4.0 data.tasks.lists=5.0 data.tasks.gsm=8.0 data.tasks.sudoku=2.0 data.tasks.countdown=24.0 \
-    eval_every=500 save_every=250 mixed_precision=no token_weight_gamma=1.0 progress=false \
-    "data.suite_options.lists.ops=[copy, copy, copy, reverse, sort, sort, insert, insert, insert, remove, replace, shuffle, replace_random]" "$@"
+SRC=${SRC:-recipes/resume/tiny-sft-cd-whole-mix4-s34} STEPS=${STEPS:-2000} bash recipes/resume/tiny-sft-cd-whole-mix4-s34/mix4.sh \
+    run_dir=runs/s34/M5 export_dir=runs/s34/M5/final seed=56 optim.lr=7e-5 eval_every=500 "$@"
