@@ -1,0 +1,10 @@
+#!/bin/bash
+# Session 35: countdown (600 held-out problems) of one training checkpoint. The checkpoint folder holds only
+# weights, so config, tokenizer and decoding defaults come from TEMPLATE_DIR (the folder the run started from).
+# usage: STRAT=d2f|vanilla eval_checkpoint.sh RUN_DIR STEP TEMPLATE_DIR
+cd "$(git rev-parse --show-toplevel)"
+RUN=$1; STEP=$(printf "%07d" $2); T=$3
+D=${CKPT_DIR:-/tmp}/ck-$(basename $RUN)-$2; mkdir -p $D
+for f in config.json generation_config.json tokenizer.json tokenizer_config.json chat_template.jinja; do cp $T/$f $D/ 2>/dev/null; done
+cp $RUN/checkpoints/step-$STEP/model.safetensors $D/
+OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/countdown_failures.py --model $D --strategy ${STRAT:-d2f} --n 600 --batch-size 50 --threads 1 --json $D/cd-${STRAT:-d2f}.json | grep -E "correct|wrong|unread" | head -6
