@@ -97,23 +97,25 @@ def test_pair_problems(load_benchmark, run_benchmark):
     assert all(len(s.split()) == 3 for s in result["by_shape"])  # "n op n"
 
 
-def _tagged_micro_model(cf, path):
+def _tagged_micro_model(cf, path, number_tags=True):
     """A random micro LLaDA model with a countdown-prompt-tag tokenizer whose tag embedding rows
-    equal the rows of the empty digits they stand where: it cannot tell a tag from its origin."""
+    equal the rows of the empty digits they stand where: it cannot tell a tag from its origin.
+    With ``number_tags=False`` the tokenizer pads digits only and the model is left as drawn."""
     from dllm.modeling import LLaDAConfig, LLaDAModelLM
     from dllm.tokenization import build_tokenizer, special_token_ids
     from training.data import suite_texts
 
-    tok = build_tokenizer(suite_texts(), pad_numbers=4, number_tags=True, number_tag_style="replace",
-                          number_tag_digits=2, number_tag_context="countdown")
+    tags = dict(number_tags=True, number_tag_style="replace", number_tag_digits=2, number_tag_context="countdown")
+    tok = build_tokenizer(suite_texts(), pad_numbers=4, **(tags if number_tags else {}))
     torch.manual_seed(0)
     cfg = LLaDAConfig(vocab_size=len(tok), embedding_size=len(tok), rope_theta=10000.0, d_model=32, n_layers=1,
                       n_heads=2, n_kv_heads=2, mlp_hidden_size=64, **special_token_ids(tok))
     model = LLaDAModelLM(cfg)
-    table = cf.tag_ablation_map(tok)
-    with torch.no_grad():
-        emb = model.get_input_embeddings().weight
-        emb.copy_(emb[table])
+    if number_tags:
+        table = cf.tag_ablation_map(tok)
+        with torch.no_grad():
+            emb = model.get_input_embeddings().weight
+            emb.copy_(emb[table])
     model.save_pretrained(str(path))
     tok.save_pretrained(str(path))
     return tok
@@ -136,8 +138,10 @@ def test_ablate_tags(load_benchmark, run_benchmark, tmp_path):
     # this model reads a tag exactly as its empty digit, so removing the tags changes nothing
     assert {k: v for k, v in ablated.items() if k != "ablate_tags"} == {k: v for k, v in plain.items() if k != "ablate_tags"}
     assert sum(ablated["counts"].values()) == 4
+    plain_dir = tmp_path / "plain"
+    _tagged_micro_model(cf, plain_dir, number_tags=False)
     with pytest.raises(SystemExit, match="has no number tags"):
-        run_benchmark("countdown_failures", ["--n", "1", "--ablate-tags"])  # the bundled tiny: padded digits only
+        run_benchmark("countdown_failures", ["--model", str(plain_dir), "--n", "1", "--ablate-tags"])
 
 
 def test_generate_ablated_feeds_the_mapped_ids(load_benchmark, tmp_path):

@@ -11,6 +11,8 @@ from dllm.tokenization import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER_DIR = REPO / "dllm" / "bundled" / "tiny"
+# the padded-digit tokenizer the bundled models shipped with before number tags (see its README)
+PADDED_TOKENIZER_DIR = REPO / "tests" / "fixtures" / "padded-digit-tokenizer"
 MICRO_MODEL = {"d_model": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 2, "mlp_hidden_size": 64}
 
 
@@ -25,6 +27,11 @@ def _one_thread():
 @pytest.fixture(scope="session")
 def tokenizer():
     return load_tokenizer(TOKENIZER_DIR)
+
+
+@pytest.fixture(scope="session")
+def padded_digit_tokenizer():
+    return load_tokenizer(PADDED_TOKENIZER_DIR)
 
 
 def micro_overrides(run_dir, **extra) -> list[str]:

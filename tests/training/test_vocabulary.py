@@ -18,8 +18,14 @@ NEW_PIECES = ["▁zebra", "zebra", "▁yak"]
 
 
 @pytest.fixture(scope="module")
+def tokenizer(padded_digit_tokenizer):
+    # every checkpoint here starts on the padded-digit vocabulary that the tagged tokenizers grow from
+    return padded_digit_tokenizer
+
+
+@pytest.fixture(scope="module")
 def bigger_tokenizer():
-    # the bundled tokenizer's vocabulary plus three pieces, which sort between old ones and move their ids
+    # the padded-digit vocabulary plus three pieces, which sort between old ones and move their ids
     return build_tokenizer(suite_texts(), pad_numbers=4, extra_pieces=NEW_PIECES)
 
 
@@ -41,7 +47,7 @@ def test_every_token_keeps_its_rows_under_a_bigger_vocabulary(tmp_path, tokenize
     assert match_vocabulary(after, path, bigger_tokenizer) == len(NEW_PIECES)
     assert after.get_input_embeddings().weight.shape[0] == after.config.vocab_size == len(new_vocab)
     assert (after.get_output_embeddings() is None) is tied
-    text = "What is 35 + 7 ?"  # tokenized alike by both (the bundled cell rule differs after "digit space")
+    text = "What is 35 + 7 ?"  # tokenized alike by both (the fixture's older cell rule differs after "digit space")
     a = torch.tensor([tokenizer(text)["input_ids"] + [tokenizer.mask_token_id] * 3])
     b = torch.tensor([bigger_tokenizer(text)["input_ids"] + [bigger_tokenizer.mask_token_id] * 3])
     assert tokenizer.tokenize(text) == bigger_tokenizer.tokenize(text)
