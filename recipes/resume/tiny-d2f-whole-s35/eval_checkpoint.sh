@@ -7,6 +7,9 @@ if [ $# -ne 3 ] || [ ! -d "$1/checkpoints" ] || [ ! -f "$3/config.json" ]; then
     echo "usage: STRAT=d2f|vanilla $0 RUN_DIR STEP TEMPLATE_DIR (RUN_DIR/checkpoints, TEMPLATE_DIR/config.json)" >&2; exit 2
 fi
 RUN=$1; STEP=$(printf "%07d" "$2"); T=$3
+if [ ! -f "$RUN/checkpoints/step-$STEP/model.safetensors" ]; then
+    echo "no checkpoint $RUN/checkpoints/step-$STEP; kept: $(ls $RUN/checkpoints | tr '\n' ' ')" >&2; exit 2
+fi
 D=${CKPT_DIR:-/tmp}/ck-$(basename $RUN)-$2; mkdir -p $D
 for f in config.json generation_config.json tokenizer.json tokenizer_config.json chat_template.jinja; do cp $T/$f $D/ 2>/dev/null; done
 cp $RUN/checkpoints/step-$STEP/model.safetensors $D/
