@@ -17,7 +17,8 @@ import torch
 
 TABLES = {
     # name: (model, strategies)
-    "d2f": ("tiny-d2f", "vanilla,threshold,threshold:cache=dual,d2f"),
+    # d2f decodes at the bundled skip_threshold (0.97); the last row is the library default 0.9
+    "d2f": ("tiny-d2f", "vanilla,threshold,threshold:cache=dual,d2f,d2f:skip_threshold=0.9"),
     "tiny": ("tiny", "vanilla,threshold,threshold:cache=prefix,threshold:cache=dual,factor:cache=dual,entropy,d3llm"),
 }
 
