@@ -75,6 +75,9 @@ def parse_methods(spec: str) -> list[Method]:
             if not methods:
                 raise BenchSpecError(f"parameter {item!r} comes before any strategy name in {spec!r}")
             key, val = item.split("=", 1)
+            if ":" in val or "=" in val:  # "name:a=1:b=2" would silently make a="1:b=2"
+                raise BenchSpecError(f"{item!r} in {spec!r}: separate a method's parameters with commas, "
+                                     "as in lopa:lopa_branches=2,skip_threshold=0.9")
             methods[-1][1][key.strip()] = parse_option_value(val.strip())
         else:
             methods.append((item, {}))

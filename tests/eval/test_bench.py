@@ -19,6 +19,11 @@ def test_parse_methods_with_parameters():
         parse_methods("threshold=0.9,vanilla")
     with pytest.raises(BenchSpecError):
         parse_methods(" , ")
+    # a second parameter chained with ':' used to become part of the first one's value
+    with pytest.raises(BenchSpecError, match="separate a method's parameters with commas"):
+        parse_methods("d2f,lopa:lopa_branches=2:skip_threshold=0.9")
+    assert parse_methods("lopa:lopa_branches=2,skip_threshold=0.9") == [
+        Method("lopa", {"lopa_branches": 2, "skip_threshold": 0.9})]
 
 
 def test_sweep_expands_non_baseline_methods():
