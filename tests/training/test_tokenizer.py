@@ -340,10 +340,9 @@ def test_only_countdown_prompts_differ_from_the_shipped_padded_digit_tokenizer(p
                                                                               padded_digit_tokenizer):
     """The padded-digit tokenizer the bundled models shipped with keeps the older cell rule in its
     tokenizer.json; a rebuilt one differs from it on countdown prompts only, with the same vocabulary."""
-    tokenizer = padded_digit_tokenizer
-    assert padded_tokenizer.get_vocab() == tokenizer.get_vocab()
+    assert padded_tokenizer.get_vocab() == padded_digit_tokenizer.get_vocab()
     for name in suite_names():
         for ex in get_suite(name).examples("test", 100, seed=11):
             for kind, text in (("prompt", ex.prompt), ("answer", ex.answer)):
-                same = padded_tokenizer.tokenize(text) == tokenizer.tokenize(text)
+                same = padded_tokenizer.tokenize(text) == padded_digit_tokenizer.tokenize(text)
                 assert same is not (name == "countdown" and kind == "prompt"), (name, text)
