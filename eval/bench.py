@@ -301,6 +301,23 @@ def format_categories(report: dict) -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+def label_groups(rows: list[dict], tol: float = 0.015) -> list[tuple[tuple[float, float], list[str]]]:
+    """Methods whose points nearly coincide share one label block (a sweep that saturates would
+    otherwise print its labels on top of each other). ``tol`` is a fraction of each axis' span."""
+    xs, ys = [r["tpf"] for r in rows], [r["accuracy"] for r in rows]
+    dx = tol * max(max(xs) - min(xs), 1e-9) if rows else 0.0
+    dy = tol * max(max(ys) - min(ys), 1e-9) if rows else 0.0
+    groups: list[tuple[tuple[float, float], list[str]]] = []
+    for r in rows:
+        for (x, y), labels in groups:
+            if abs(r["tpf"] - x) <= dx and abs(r["accuracy"] - y) <= dy:
+                labels.append(r["label"])
+                break
+        else:
+            groups.append(((r["tpf"], r["accuracy"]), [r["label"]]))
+    return groups
+
+
 def pareto_plot(report: dict, path: str) -> None:
     """Accuracy vs TPF, one point per method, the Pareto frontier drawn through the non-dominated ones."""
     import matplotlib
@@ -312,7 +329,8 @@ def pareto_plot(report: dict, path: str) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
     for r in rows:
         ax.scatter(r["tpf"], r["accuracy"], s=40)
-        ax.annotate(r["label"], (r["tpf"], r["accuracy"]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    for (x, y), labels in label_groups(rows):
+        ax.annotate("\n".join(labels), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     pts = sorted(((r["tpf"], r["accuracy"]) for r in rows), key=lambda p: (-p[0], -p[1]))
     frontier, best = [], float("-inf")
     for x, y in pts:

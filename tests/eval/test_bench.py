@@ -199,3 +199,19 @@ def test_ctrl_c_keeps_the_batches_every_strategy_finished(ckpt, tmp_path, monkey
     out2 = tmp_path / "none.json"
     res = CliRunner().invoke(app, base + ["--json", str(out2)])
     assert res.exit_code == 130 and "nothing to report" in res.output and not out2.exists()
+
+
+def test_label_groups_merge_coinciding_points():
+    from eval.bench import label_groups
+
+    rows = [{"label": "d2f", "tpf": 4.92, "accuracy": 94.5},
+            {"label": "lopa k=2", "tpf": 6.04, "accuracy": 91.5},
+            {"label": "lopa k=4", "tpf": 6.05, "accuracy": 91.5},
+            {"label": "lopa k=8", "tpf": 6.05, "accuracy": 91.5}]
+    groups = label_groups(rows)
+    assert groups == [((4.92, 94.5), ["d2f"]), ((6.04, 91.5), ["lopa k=2", "lopa k=4", "lopa k=8"])]
+    # points apart on either axis keep their own labels
+    rows[2]["accuracy"] = 92.5
+    assert [g[1] for g in label_groups(rows)] == [["d2f"], ["lopa k=2", "lopa k=8"], ["lopa k=4"]]
+    assert label_groups([]) == []
+    assert label_groups(rows[:1]) == [((4.92, 94.5), ["d2f"])]

@@ -1,0 +1,102 @@
+"""How far can any filling order raise TPF under the D2F pipeline? A per-answer ceiling, next to d2f and LoPA.
+
+The D2F pipeline appends at most one block per round, and a block is first decoded by the
+forward of the round that appended it. An answer whose first EOS lies in its b-th block of size B
+therefore takes at least b rounds, whatever order the tokens are filled in (plain d2f, LoPA with
+any k, or an oracle that knew the answer). With L generated tokens (up to and including the first
+EOS, the TPF convention) an answer's TPF is at most ``L / ceil(L / B)`` <= B, and a suite's at most
+``sum(L) / sum(ceil(L / B))``.
+
+For each suite and strategy this prints accuracy, TPF, and that ceiling computed on the answers the
+strategy produced, with the ceiling's ratio to d2f's TPF. LoPA's issue bar asks for 2x d2f's TPF on
+gsm and arith: where the ceiling is below 2x, the bar cannot be met at that block length by any
+decoder that keeps the pipeline.
+
+    python benchmarks/lopa_ceiling.py --model tiny-d2f --suite gsm,arith --n 100 --branches 0,2
+    python benchmarks/lopa_ceiling.py --block-length 16     # both strategies at another block size
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import torch
+
+
+def ceiling_rounds(generated_tokens: int, block: int) -> int:
+    """Fewest rounds the one-block-per-round pipeline needs for an answer of this length."""
+    return max(1, math.ceil(generated_tokens / block))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="tiny-d2f")
+    ap.add_argument("--suite", default="gsm,arith")
+    ap.add_argument("--n", type=int, default=100)
+    ap.add_argument("--branches", default="0,2", help="comma-separated lopa_branches values (0 = d2f)")
+    ap.add_argument("--block-length", type=int, default=None, help="block size for every strategy "
+                    "(default: the model's)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="other generation-config overrides for every strategy (e.g. skip_threshold=0.9)")
+    ap.add_argument("--batch-size", type=int, default=25)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from transformers.utils import logging as hf_logging
+
+    from dllm.generation.config import parse_overrides
+    from dllm.loading import load_model, resolve_model_path
+    from dllm.text import generate_text
+    from dllm.tokenization import load_tokenizer
+    from eval.tasks import get_suite
+
+    hf_logging.disable_progress_bar()
+    model = load_model(args.model).eval()
+    tok = load_tokenizer(resolve_model_path(args.model))
+    over = parse_overrides(args.set)
+    if args.block_length is not None:
+        over["block_length"] = args.block_length
+    base = model.diffusion_generation_config.replace(temperature=0.0, **over)
+    B = base.block_size
+    ks = [int(b) for b in args.branches.split(",")]
+    print(f"{args.model}: block {B}, skip_threshold {base.skip_threshold}, {args.n} test problems per suite, "
+          f"greedy, torch threads {args.threads}")
+    print(f"{'suite':6s} {'strategy':8s} {'acc %':>6s} {'TPF':>6s} {'ceiling':>8s} {'ceil/d2f':>9s}")
+    result: dict = {"model": args.model, "block_length": B, "n": args.n, "overrides": over, "rows": []}
+    for suite_name in args.suite.split(","):
+        suite = get_suite(suite_name)
+        examples = suite.examples("test", args.n)
+        d2f_tpf = None
+        for k in ks:
+            cfg = base.replace(strategy="lopa" if k else "d2f", lopa_branches=k)
+            outs = []
+            for i in range(0, len(examples), args.batch_size):
+                chunk = examples[i: i + args.batch_size]
+                with torch.no_grad():
+                    outs += generate_text(model, tok, [e.prompt for e in chunk], generation_config=cfg)
+            correct = sum(suite.score(e, o.text).correct for e, o in zip(examples, outs))
+            tokens = sum(o.generated_tokens for o in outs)
+            rounds = sum(o.num_forwards for o in outs)
+            floor = sum(ceiling_rounds(o.generated_tokens, B) for o in outs)
+            tpf, ceil_tpf = tokens / rounds, tokens / floor
+            if k == 0:
+                d2f_tpf = tpf
+            ratio = ceil_tpf / d2f_tpf if d2f_tpf else float("nan")
+            name = "d2f" if k == 0 else f"lopa k={k}"
+            print(f"{suite_name:6s} {name:8s} {100 * correct / len(outs):6.1f} {tpf:6.2f} {ceil_tpf:8.2f} {ratio:8.2f}x")
+            result["rows"].append({"suite": suite_name, "lopa_branches": k, "accuracy": correct / len(outs),
+                                   "tokens": tokens, "rounds": rounds, "tpf": tpf, "ceiling_rounds": floor,
+                                   "ceiling_tpf": ceil_tpf, "ceiling_over_d2f": ratio,
+                                   "mean_tokens": tokens / len(outs)})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
