@@ -108,16 +108,24 @@ def _local_request(req: RoundRequest, lo: int, hi: int) -> RoundRequest:
                                valid=req.valid[lo:hi])
 
 
-def _pack(res: RoundResult, rows: int, width: int, dig: int) -> torch.Tensor:
-    out = torch.zeros(rows, 2 * width + 1 + dig, dtype=torch.float64)
+def _pack(res: RoundResult, rows: int, width: int, dig: int, ranked: bool) -> torch.Tensor:
+    """Per slot: argmax tokens [W], their probabilities [W], the score, the K/V digest [dig] and,
+    with ``lopa_confidence='neg_entropy'``, the ranking confidences [W]."""
+    out = torch.zeros(rows, _packed_width(width, dig, ranked), dtype=torch.float64)
     n = res.score.shape[0]
     if n:
         out[:n, :width] = res.x0.double().cpu()
         out[:n, width: 2 * width] = res.conf.double().cpu()
         out[:n, 2 * width] = res.score.double().cpu()
         if dig and res.digest is not None:
-            out[:n, 2 * width + 1:] = res.digest.cpu()
+            out[:n, 2 * width + 1: 2 * width + 1 + dig] = res.digest.cpu()
+        if ranked:
+            out[:n, 2 * width + 1 + dig:] = res.rank.double().cpu()
     return out
+
+
+def _packed_width(width: int, dig: int, ranked: bool) -> int:
+    return 2 * width + 1 + dig + (width if ranked else 0)
 
 
 def _run_local(worker: SlotWorker | None, comm: _Comm, header: dict, x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -125,11 +133,11 @@ def _run_local(worker: SlotWorker | None, comm: _Comm, header: dict, x: torch.Te
     groups = header["shares"][comm.rank]
     lo, hi = groups[0] * rows if groups else 0, (groups[-1] + 1) * rows if groups else 0
     req: RoundRequest = dataclasses.replace(header["req"], x=x)
-    width, dig, n_max = req.width, header["digest_width"], header["max_share"] * rows
+    width, dig, n_max, ranked = req.width, header["digest_width"], header["max_share"] * rows, header["ranked"]
     if worker is None or not groups:
-        return torch.zeros(n_max, 2 * width + 1 + dig, dtype=torch.float64)
+        return torch.zeros(n_max, _packed_width(width, dig, ranked), dtype=torch.float64)
     res = worker.run(_local_request(req, lo, hi))
-    return _pack(res, n_max, width, dig)
+    return _pack(res, n_max, width, dig, ranked)
 
 
 class _DistributedRounds:
@@ -141,6 +149,7 @@ class _DistributedRounds:
         self.rows = key_valid.shape[0]
         self.shares = rank_groups(groups, comm.world)
         self.layers = model.spec.num_layers
+        self.ranked = settings.confidence == "neg_entropy"
         comm.bcast_obj({"cmd": "begin", "groups": groups, "key_valid": key_valid.cpu(), "settings": settings})
         self.worker = SlotWorker(model, groups=len(self.shares[0]), key_valid=key_valid, settings=settings)
 
@@ -158,7 +167,7 @@ class _DistributedRounds:
         max_share = max(len(s) for s in self.shares)
         meta = dataclasses.replace(req, x=None)
         header = {"cmd": "run", "req": meta, "shape": tuple(req.x.shape), "shares": self.shares,
-                  "digest_width": dig, "max_share": max_share}
+                  "digest_width": dig, "max_share": max_share, "ranked": self.ranked}
         self.comm.bcast_obj(header)
         x = self.comm.bcast_tensor(req.x.long())
         mine = _run_local(self.worker, self.comm, header, x, R)
@@ -167,7 +176,8 @@ class _DistributedRounds:
         packed = torch.cat(rows)
         return RoundResult(x0=packed[:, :W].long(), conf=packed[:, W: 2 * W].contiguous(),
                            score=packed[:, 2 * W].contiguous(),
-                           digest=packed[:, 2 * W + 1:].contiguous() if dig else None)
+                           digest=packed[:, 2 * W + 1: 2 * W + 1 + dig].contiguous() if dig else None,
+                           rank=packed[:, 2 * W + 1 + dig:].contiguous() if self.ranked else None)
 
     def select_rows(self, keep: torch.Tensor) -> None:
         keep = torch.as_tensor(keep, dtype=torch.long).cpu()

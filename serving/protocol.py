@@ -37,6 +37,7 @@ class DiffusionOptions(_Model):
     lopa_branches: int | None = None
     lopa_alpha: float | None = None
     lopa_rho: float | None = None
+    lopa_confidence: str | None = None
     remasking: str | None = None
     refresh_interval: int | None = None
     cache_delay: int | None = None

@@ -29,9 +29,11 @@ Conventions:
   This is the reference's order (lookaheads listed before the anchor, stable descending sort).
 * Score (reference Eq. 2 and its variants): ``alpha * c_create + (1 - alpha) * mean of the
   lowest max(1, floor(rho * n)) confidences`` over the branch's n remaining masked positions.
-  Confidence is the max probability. ``c_create`` is the probability of the branch's extra token,
-  and 1.0 for the anchor. A branch with no masked position left scores ``alpha * c_create + (1 -
-  alpha)`` (its future is certain). Defaults are ``alpha = 0``, ``rho = 1``: the plain mean of
+  Confidence is the max probability, or with ``lopa_confidence="neg_entropy"`` the negative entropy
+  sum p log p (the reference's D2F-Dream setting; the fill rule still uses the max probability).
+  ``c_create`` is the confidence of the branch's extra token, and the certain value (1.0, or 0.0 for
+  negative entropy) for the anchor. A branch with no masked position left has the certain value as
+  its mean (its future is certain). Defaults are ``alpha = 0``, ``rho = 1``: the plain mean of
   the paper and of every shipped reference script. Scored positions:
   block-causal: every masked position of the branch's own blocks in the forward window,
   including a block the branch appended this round;
@@ -72,7 +74,7 @@ import torch
 from decoding.loops.pipeline import IN_CACHE, TO_CACHE, RowPlan
 from decoding.policies import select_above, select_best, select_threshold
 from decoding.runner import ModelRunner
-from decoding.sampling import llada_choice
+from decoding.sampling import GREEDY_BELOW, entropy, filter_top_p_top_k, llada_choice
 from decoding.state import DecodeState
 from dllm.modeling import DiffusionKVCache
 
@@ -81,11 +83,12 @@ NEG_INF = float("-inf")
 
 # ----------------------------------------------------------------------------- pure pieces
 def branch_scores(conf: torch.Tensor, score_mask: torch.Tensor, creation: torch.Tensor, alpha: float,
-                  rho: float) -> torch.Tensor:
+                  rho: float, certain: float = 1.0) -> torch.Tensor:
     """Score of each branch [n] from its per-position confidences [n, W] and scored positions [n, W].
 
     ``alpha * creation + (1 - alpha) * mean(lowest max(1, floor(rho * m)) confidences)``. ``m``
-    is the number of scored positions, and the mean is 1.0 when ``m = 0``.
+    is the number of scored positions, and the mean is ``certain`` (the confidence of a sure
+    position: 1.0 for probabilities, 0.0 for negative entropy) when ``m = 0``.
     """
     c = conf.double()
     m = score_mask.sum(-1)
@@ -98,7 +101,7 @@ def branch_scores(conf: torch.Tensor, score_mask: torch.Tensor, creation: torch.
         cnt = torch.where(m == 0, torch.zeros_like(cnt), cnt)
         take = torch.arange(c.shape[-1], device=c.device)[None] < cnt[:, None]
         total = torch.where(take, srt, torch.zeros_like(srt)).sum(-1)
-    future = torch.where(m > 0, total / cnt.clamp(min=1).double(), torch.ones_like(total))
+    future = torch.where(m > 0, total / cnt.clamp(min=1).double(), torch.full_like(total, certain))
     return alpha * creation.to(future) + (1.0 - alpha) * future
 
 
@@ -139,6 +142,24 @@ def top_lookaheads(conf: torch.Tensor, tokens: torch.Tensor, candidates: torch.T
     return out
 
 
+def certain_confidence(kind: str) -> float:
+    """The confidence of a position that is sure: max probability 1, or negative entropy 0."""
+    return 0.0 if kind == "neg_entropy" else 1.0
+
+
+def neg_entropy(logits: torch.Tensor, *, temperature: float, top_p: float | None, top_k: int | None) -> torch.Tensor:
+    """``sum p log p`` (<= 0, higher = more certain) of the distribution tokens are drawn from, float64.
+
+    Dream's ``neg_entropy`` confidence (the reference's LoPA ranking for D2F-Dream): the logits are
+    tempered (T > 0) and top-p/top-k filtered first, as for sampling.
+    """
+    if temperature >= GREEDY_BELOW:
+        logits = logits / temperature
+    if top_p is not None or top_k is not None:
+        logits = filter_top_p_top_k(logits, top_p, top_k)
+    return -entropy(logits).double()
+
+
 # ----------------------------------------------------------------------------- executors
 @dataclass
 class RoundRequest:
@@ -164,6 +185,7 @@ class RoundResult:
     conf: torch.Tensor  # [S, width] float64: its probability
     score: torch.Tensor  # [S] float64
     digest: torch.Tensor | None = None  # [S, 4 * layers] float64
+    rank: torch.Tensor | None = None  # [S, width] float64: the ranking confidence when it is not ``conf``
 
 
 @dataclass
@@ -180,6 +202,7 @@ class SlotSettings:
     remasking: str
     alpha: float
     rho: float
+    confidence: str = "prob"  # "prob" | "neg_entropy": what scores branches and ranks lookahead positions
 
 
 class SlotWorker:
@@ -264,16 +287,21 @@ class SlotWorker:
         else:
             logits = self._forward(x, req, self.cache, self.runner.key_valid)
         s = self.s
+        rank = None
+        if s.confidence == "neg_entropy":
+            rank = neg_entropy(logits, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
         x0, conf = llada_choice(logits, temperature=s.temperature, remasking=s.remasking, generator=self.generator,
                                 top_p=s.top_p, top_k=s.top_k)
         if dedupe:
             x0, conf = x0.repeat(self.groups, 1), conf.repeat(self.groups, 1)
+            rank = rank.repeat(self.groups, 1) if rank is not None else None
         pos = torch.arange(req.start, req.start + W, device=self.device)
         score_mask = (x[:, req.start: req.start + W] == s.mask_id) & (pos[None] < req.slot_end.to(self.device)[:, None])
-        score = branch_scores(conf, score_mask, req.creation.to(self.device), s.alpha, s.rho)
+        score = branch_scores(conf if rank is None else rank, score_mask, req.creation.to(self.device), s.alpha, s.rho,
+                              certain_confidence(s.confidence))
         score = torch.where(req.valid.to(self.device), score, torch.full_like(score, NEG_INF))
         digest = self._digest(req.spans) if (req.spans is not None and self.cache is not None) else None
-        return RoundResult(x0, conf, score, digest)
+        return RoundResult(x0, conf, score, digest, rank)
 
     def _digest(self, spans: torch.Tensor) -> torch.Tensor:
         """Per slot, sums and sums of squares of the K/V its row committed this round (zeros elsewhere)."""
@@ -339,7 +367,8 @@ def _settings(state: DecodeState, *, use_cache: bool, remasking: str) -> SlotSet
     cfg = state.cfg
     return SlotSettings(prompt_length=state.P, mask_id=state.mask_id, use_cache=use_cache,
                         suppress_mask=cfg.suppress_mask_token, temperature=cfg.temperature, top_p=cfg.top_p,
-                        top_k=cfg.top_k, remasking=remasking, alpha=cfg.lopa_alpha, rho=cfg.lopa_rho)
+                        top_k=cfg.top_k, remasking=remasking, alpha=cfg.lopa_alpha, rho=cfg.lopa_rho,
+                        confidence=cfg.lopa_confidence)
 
 
 @dataclass
@@ -434,7 +463,7 @@ def _decode_block_causal(model, state: DecodeState, gen) -> dict:
             end = max(sp.end for g in slot_plans for sp in g)
             X = xc[:, :end].repeat(G, 1)
             valid = torch.zeros(G * R, dtype=torch.bool)
-            creation = torch.ones(G * R, dtype=torch.float64)
+            creation = torch.full((G * R,), certain_confidence(cfg.lopa_confidence), dtype=torch.float64)
             valid[:R] = True
             for r in range(R):
                 for j, (pos, tok, c) in enumerate(looks[r], start=1):
@@ -469,6 +498,7 @@ def _decode_block_causal(model, state: DecodeState, gen) -> dict:
             plans = [slot_plans[int(winners[r])][r] for r in range(R)]
             x0 = _gather_rows(res.x0, winners, R).to(state.x.device)
             conf = _gather_rows(res.conf, winners, R).to(state.x.device)
+            rank = conf if res.rank is None else _gather_rows(res.rank, winners, R).to(state.x.device)
             # 6: anchor fill with the winner's logits (the D2F rule per active block)
             candidates = state.x[:, start:end] == mask_id
             transfer = torch.zeros_like(candidates)
@@ -493,7 +523,7 @@ def _decode_block_causal(model, state: DecodeState, gen) -> dict:
             if keep is not None:
                 kl = keep.tolist()
                 plans = [plans[i] for i in kl]
-                x0, conf = x0[keep], conf[keep]
+                x0, conf, rank = x0[keep], conf[keep], rank[keep]
                 ex.select_rows(keep)
             # lookahead branches for the next round: top-k remaining masked slots of active blocks
             if K and state.live:
@@ -503,7 +533,7 @@ def _decode_block_causal(model, state: DecodeState, gen) -> dict:
                     for b in p.active():
                         cand[r, b.start - start: b.end - start] = True
                 cand &= window == mask_id
-                looks = [[(start + o, t, c) for o, t, c in row] for row in top_lookaheads(conf, x0, cand, K)]
+                looks = [[(start + o, t, c) for o, t, c in row] for row in top_lookaheads(rank, x0, cand, K)]
             else:
                 looks = [[] for _ in plans]
     finally:
@@ -547,7 +577,7 @@ def _decode_semi_ar(model, state: DecodeState, gen) -> dict:
                     kind, end, keep_prefix = "replace", e, None
                 X = xc.repeat(G, 1)
                 valid = torch.zeros(G * R, dtype=torch.bool)
-                creation = torch.ones(G * R, dtype=torch.float64)
+                creation = torch.full((G * R,), certain_confidence(cfg.lopa_confidence), dtype=torch.float64)
                 valid[:R] = True
                 for r in range(R):
                     for j, (pos, tok, c) in enumerate(looks[r], start=1):
@@ -570,15 +600,16 @@ def _decode_semi_ar(model, state: DecodeState, gen) -> dict:
                 _adopt(state, xc, s, B, winners, looks)
                 x0 = _gather_rows(res.x0, winners, R).to(state.x.device)
                 conf = _gather_rows(res.conf, winners, R).to(state.x.device)
+                rank = conf if res.rank is None else _gather_rows(res.rank, winners, R).to(state.x.device)
                 transfer = select_threshold(conf, state.masked(s, e), cfg.threshold)
                 state.commit(s, transfer & need[:, None], x0)
                 i += 1
                 keep = state.pop_finished()
                 if keep is not None:
-                    x0, conf = x0[keep], conf[keep]
+                    x0, conf, rank = x0[keep], conf[keep], rank[keep]
                     ex.select_rows(keep)
                 if K and state.live:
-                    found = top_lookaheads(conf, x0, state.masked(s, e), K)
+                    found = top_lookaheads(rank, x0, state.masked(s, e), K)
                     looks = [[(s + o, t, c) for o, t, c in row] for row in found]
                 else:
                     looks = [[] for _ in range(state.live)]

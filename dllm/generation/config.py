@@ -15,6 +15,8 @@ FILE_KEY = "dllm"
 
 CACHES = ("none", "prefix", "dual")
 REMASKING = ("low_confidence", "random")
+# LoPA branch confidence: max probability (the paper), or Dream's negative entropy (the reference for D2F-Dream)
+LOPA_CONFIDENCE = ("prob", "neg_entropy")
 
 
 class GenerationConfigError(ValueError):
@@ -58,6 +60,7 @@ class DiffusionGenerationConfig:
     lopa_branches: int = 0  # k lookahead branches; a round verifies k + 1 (k lookahead + the anchor)
     lopa_alpha: float = 0.0  # score weight of the branch's creating-token confidence (reference alpha)
     lopa_rho: float = 1.0  # score = mean of the lowest max(1, floor(rho * n)) remaining confidences
+    lopa_confidence: str = "prob"  # branch score and lookahead ranking: "prob" or "neg_entropy" (sum p log p)
     lopa_force_anchor: bool = False  # test switch: the anchor always wins (reproduces lopa_branches=0)
     # stopping and bookkeeping
     stop_at_eos: bool = True
@@ -121,6 +124,8 @@ class DiffusionGenerationConfig:
         _unit_interval("lopa_alpha", self.lopa_alpha)
         if not 0.0 < self.lopa_rho <= 1.0:
             raise GenerationConfigError(f"lopa_rho must be in (0, 1], got {self.lopa_rho}")
+        if self.lopa_confidence not in LOPA_CONFIDENCE:
+            raise GenerationConfigError(f"lopa_confidence={self.lopa_confidence!r}; valid: {', '.join(LOPA_CONFIDENCE)}")
         if self.cfg_scale > 0 and (self.strategy != "vanilla" or self.cache != "none"):
             raise GenerationConfigError("cfg_scale > 0 is supported by strategy='vanilla' with cache='none' only")
 

@@ -6,6 +6,7 @@ import torch
 from decoding.loops import lopa
 from decoding.loops.lopa import (
     branch_scores,
+    neg_entropy,
     select_winners,
     top_lookaheads,
     use_branch_executor,
@@ -320,6 +321,80 @@ def test_config_fields_are_validated():
         DiffusionGenerationConfig(strategy="lopa", lopa_rho=0.0)
     cfg = DiffusionGenerationConfig(strategy="lopa", lopa_branches=4, lopa_alpha=0.5, lopa_rho=0.5, lopa_force_anchor=True)
     assert DiffusionGenerationConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_lopa_confidence_is_validated():
+    with pytest.raises(GenerationConfigError, match="lopa_confidence.*valid: prob, neg_entropy"):
+        DiffusionGenerationConfig(strategy="lopa", lopa_confidence="entropy")
+    cfg = DiffusionGenerationConfig(strategy="lopa", lopa_branches=2, lopa_confidence="neg_entropy")
+    assert DiffusionGenerationConfig.from_dict(cfg.to_dict()) == cfg
+
+
+# ------------------------------------------------------------------------------- neg_entropy confidence
+def test_neg_entropy_is_sum_p_log_p_and_handles_suppressed_tokens():
+    logits = torch.randn(2, 5, 30, generator=torch.Generator().manual_seed(0))
+    p = logits.double().softmax(-1)
+    assert torch.allclose(neg_entropy(logits, temperature=0.0, top_p=None, top_k=None), (p * p.log()).sum(-1), atol=1e-5)
+    logits[..., 3] = float("-inf")  # the runner suppresses [MASK] this way
+    ne = neg_entropy(logits, temperature=0.0, top_p=None, top_k=None)
+    assert bool(torch.isfinite(ne).all()) and bool((ne <= 0).all())
+    sure = torch.full((1, 30), -30.0)
+    sure[0, 7] = 30.0
+    assert float(neg_entropy(sure, temperature=0.0, top_p=None, top_k=None)) == pytest.approx(0.0, abs=1e-6)
+    # tempered and filtered as for sampling: top-k 1 leaves one token, a certain distribution
+    assert float(neg_entropy(logits[:1, :1], temperature=0.7, top_p=None, top_k=1)) == pytest.approx(0.0, abs=1e-6)
+    assert ne.dtype == torch.float64
+
+
+def test_branch_scores_with_negative_entropy_treat_no_masks_as_certain():
+    conf = torch.tensor([[-0.5, -1.5, -3.0], [-0.2, -0.2, -0.2]], dtype=torch.float64)
+    m = torch.tensor([[True, True, False], [False, False, False]])
+    s = branch_scores(conf, m, torch.zeros(2, dtype=torch.float64), 0.0, 1.0, certain=0.0)
+    assert s.tolist() == [pytest.approx(-1.0), 0.0]
+
+
+@pytest.mark.parametrize("model_kind,extra", [("bc", PIPE), ("bi", dict(threshold=0.7, cache="dual"))])
+def test_neg_entropy_ranks_lookaheads_and_scores_branches(bc_model, bi_model, model_kind, extra):
+    m = bc_model if model_kind == "bc" else bi_model
+    spy = _Spy()
+    with use_branch_executor(spy):
+        out = _gen(m, _prompt(seed=6), strategy="lopa", lopa_branches=3, lopa_confidence="neg_entropy", **extra)
+    winners = out.stats["lopa_winners"][0]
+    assert len(winners) == len(spy.requests) and any(w > 0 for w in winners)
+    checked = 0
+    for t, (req, res) in enumerate(zip(spy.requests, spy.results)):
+        assert res.rank is not None and res.rank.shape == res.conf.shape and bool((res.rank <= 1e-9).all())
+        # every verified branch is scored by the mean negative entropy of its remaining masks
+        window = req.x[:, req.start: req.start + req.width]
+        pos = torch.arange(req.start, req.start + req.width)
+        scored = (window == MASK) & (pos[None] < req.slot_end[:, None])
+        expect = branch_scores(res.rank, scored, req.creation, 0.0, 1.0, certain=0.0)
+        assert torch.allclose(res.score[req.valid], expect[req.valid])
+        assert float(req.creation[0]) == 0.0  # the anchor's creation confidence is the certain value
+        if t == 0:
+            continue
+        # lookaheads of round t sit at the positions the previous winner ranked highest by negative entropy,
+        # and carry that value as their creation confidence
+        prev_req, prev_res, w = spy.requests[t - 1], spy.results[t - 1], winners[t - 1]
+        rank = prev_res.rank[w]
+        looks = [j for j in range(1, req.x.shape[0]) if bool(req.valid[j])]
+        values = []
+        for j in looks:
+            p = int((req.x[j] != req.x[0]).nonzero().flatten()[0])
+            values.append(float(rank[p - prev_req.start]))
+            assert float(req.creation[j]) == pytest.approx(values[-1])
+        assert values == sorted(values, reverse=True)
+        checked += len(looks)
+    assert checked > 0
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_neg_entropy_keeps_the_k0_and_forced_anchor_invariants(bc_model, k):
+    p = _prompt(seed=3)
+    ref = _gen(bc_model, p, strategy="d2f", **PIPE)
+    out = _gen(bc_model, p, strategy="lopa", lopa_branches=k, lopa_confidence="neg_entropy", lopa_force_anchor=k > 0,
+               **PIPE)
+    _same(ref, out)
 
 
 def test_refresh_interval_is_rejected_on_bidirectional_models(bi_model):

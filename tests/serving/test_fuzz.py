@@ -15,13 +15,13 @@ FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", 
           "stop", "stream", "stream_options", "echo", "logprobs", "best_of", "suffix", "user", "presence_penalty",
           "frequency_penalty", "logit_bias", "tools", "response_format", "top_logprobs", "strategy", "threshold",
           "block_length", "cache", "steps", "factor", "block_add_threshold", "decoded_token_threshold",
-          "skip_threshold", "entropy_threshold", "lopa_branches", "lopa_alpha", "lopa_rho", "remasking", "refresh_interval",
+          "skip_threshold", "entropy_threshold", "lopa_branches", "lopa_alpha", "lopa_rho", "lopa_confidence", "remasking", "refresh_interval",
           "cache_delay", "top_k"]
 
 scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.integers(-3, 40)
            | st.floats(allow_nan=False, allow_infinity=False) | st.floats(-1, 3)
            | st.text(max_size=12) | st.sampled_from(["threshold", "d2f", "lopa", "vanilla", "factor", "entropy",
-                                                     "d3llm", "dual", "prefix", "none", "random", MODEL, "hi"]))
+                                                     "d3llm", "dual", "prefix", "none", "random", "neg_entropy", MODEL, "hi"]))
 json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
                            | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
 messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "developer", "x"]),
@@ -44,7 +44,7 @@ in_range = {  # values that mostly pass validation, so decoding itself gets fuzz
     "threshold": unit, "skip_threshold": unit, "block_add_threshold": unit, "decoded_token_threshold": unit,
     "entropy_threshold": st.floats(0, 5), "factor": st.floats(0.01, 4), "cache": st.sampled_from(["none", "prefix", "dual"]),
     "block_length": st.sampled_from([1, 2, 3, 4, 8, 16]), "steps": st.integers(1, 16), "lopa_branches": st.integers(0, 4),
-    "lopa_alpha": unit, "lopa_rho": st.floats(0.01, 1),
+    "lopa_alpha": unit, "lopa_rho": st.floats(0.01, 1), "lopa_confidence": st.sampled_from(["prob", "neg_entropy"]),
     "remasking": st.sampled_from(["low_confidence", "random"]), "refresh_interval": st.integers(1, 4),
     "cache_delay": st.integers(0, 4),
     "top_k": st.integers(1, 500), "temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1), "n": st.integers(1, 3),
