@@ -301,6 +301,9 @@ def format_categories(report: dict) -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+LABELS_ON_POINTS_MAX = 8  # above this many methods the plot names them in a legend beside the axes
+
+
 def label_groups(rows: list[dict], tol: float = 0.015) -> list[tuple[tuple[float, float], list[str]]]:
     """Methods whose points nearly coincide share one label block (a sweep that saturates would
     otherwise print its labels on top of each other). ``tol`` is a fraction of each axis' span."""
@@ -326,11 +329,15 @@ def pareto_plot(report: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     rows = report["results"]
-    fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
-    for r in rows:
-        ax.scatter(r["tpf"], r["accuracy"], s=40)
-    for (x, y), labels in label_groups(rows):
-        ax.annotate("\n".join(labels), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    crowded = len(rows) > LABELS_ON_POINTS_MAX  # many labels on the points overlap: name them in a legend
+    fig, ax = plt.subplots(figsize=(9.6 if crowded else 6.4, 4.4), dpi=120)
+    markers = "osD^v<>P*Xh"
+    for i, r in enumerate(rows):
+        ax.scatter(r["tpf"], r["accuracy"], s=40, marker=markers[(i // 10) % len(markers)] if crowded else "o",
+                   label=r["label"] if crowded else None)
+    if not crowded:
+        for (x, y), labels in label_groups(rows):
+            ax.annotate("\n".join(labels), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     pts = sorted(((r["tpf"], r["accuracy"]) for r in rows), key=lambda p: (-p[0], -p[1]))
     frontier, best = [], float("-inf")
     for x, y in pts:
@@ -343,7 +350,10 @@ def pareto_plot(report: dict, path: str) -> None:
     ax.set_ylabel("accuracy (%)")
     ax.set_title(f"{report['model'].split('/')[-1]} on {report['suite']} (n={report['n']}/suite)", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    if crowded:
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    else:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

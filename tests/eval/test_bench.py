@@ -215,3 +215,29 @@ def test_label_groups_merge_coinciding_points():
     assert [g[1] for g in label_groups(rows)] == [["d2f"], ["lopa k=2", "lopa k=8"], ["lopa k=4"]]
     assert label_groups([]) == []
     assert label_groups(rows[:1]) == [((4.92, 94.5), ["d2f"])]
+
+
+def test_pareto_plot_names_many_methods_in_a_legend(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    from eval.bench import LABELS_ON_POINTS_MAX, pareto_plot
+
+    calls = {"annotate": 0, "legend_labels": []}
+    real_legend = matplotlib.axes.Axes.legend
+
+    def legend(self, *a, **kw):
+        calls["legend_labels"] = [t for t in self.get_legend_handles_labels()[1]]
+        return real_legend(self, *a, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "annotate", lambda self, *a, **kw: calls.__setitem__(
+        "annotate", calls["annotate"] + 1))
+    monkeypatch.setattr(matplotlib.axes.Axes, "legend", legend)
+    n = LABELS_ON_POINTS_MAX + 4
+    report = {"model": "m", "suite": "gsm", "n": 5,
+              "results": [{"label": f"s{i}", "tpf": 1.0 + i, "accuracy": 90.0 - i} for i in range(n)]}
+    pareto_plot(report, str(tmp_path / "many.png"))
+    assert (tmp_path / "many.png").stat().st_size > 1000
+    assert calls["annotate"] == 0 and calls["legend_labels"][:n] == [f"s{i}" for i in range(n)]
+    report["results"] = report["results"][:3]
+    pareto_plot(report, str(tmp_path / "few.png"))
+    assert calls["annotate"] == 3  # few methods: each point carries its own label
