@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    from eval.outputs import check_output_args
+
+    check_output_args(ap, args.json)  # before the run: a report that cannot be written is lost with the run
     torch.set_num_threads(args.threads)
 
     from transformers.utils import logging as hf_logging

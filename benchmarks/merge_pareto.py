@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
 
     from eval.bench import pareto_plot
+    from eval.outputs import IMAGE_FORMATS, check_output_args
+
+    check_output_args(ap, args.out, suffixes=IMAGE_FORMATS)
 
     try:
         reports = []

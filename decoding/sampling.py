@@ -160,3 +160,16 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
         return kernel(logits, precision="fp32", need=("entropy",)).entropy
     logp = F.log_softmax(logits.float(), dim=-1)
     return -torch.where(logp > float("-inf"), logp.exp() * logp, torch.zeros_like(logp)).sum(-1)
+
+
+def neg_entropy(logits: torch.Tensor, *, temperature: float, top_p: float | None, top_k: int | None) -> torch.Tensor:
+    """``sum p log p`` (<= 0, higher = more certain) of the distribution tokens are drawn from, float64.
+
+    Dream's ``neg_entropy`` confidence (the reference's LoPA ranking for D2F-Dream): the logits are
+    tempered (T > 0) and top-p/top-k filtered first, as for sampling.
+    """
+    if temperature >= GREEDY_BELOW:
+        logits = logits / temperature
+    if top_p is not None or top_k is not None:
+        logits = filter_top_p_top_k(logits, top_p, top_k)
+    return -entropy(logits).double()

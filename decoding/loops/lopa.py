@@ -74,7 +74,7 @@ import torch
 from decoding.loops.pipeline import IN_CACHE, TO_CACHE, RowPlan
 from decoding.policies import select_above, select_best, select_threshold
 from decoding.runner import ModelRunner
-from decoding.sampling import GREEDY_BELOW, entropy, filter_top_p_top_k, llada_choice
+from decoding.sampling import llada_choice, neg_entropy
 from decoding.state import DecodeState
 from dllm.modeling import DiffusionKVCache
 
@@ -145,19 +145,6 @@ def top_lookaheads(conf: torch.Tensor, tokens: torch.Tensor, candidates: torch.T
 def certain_confidence(kind: str) -> float:
     """The confidence of a position that is sure: max probability 1, or negative entropy 0."""
     return 0.0 if kind == "neg_entropy" else 1.0
-
-
-def neg_entropy(logits: torch.Tensor, *, temperature: float, top_p: float | None, top_k: int | None) -> torch.Tensor:
-    """``sum p log p`` (<= 0, higher = more certain) of the distribution tokens are drawn from, float64.
-
-    Dream's ``neg_entropy`` confidence (the reference's LoPA ranking for D2F-Dream): the logits are
-    tempered (T > 0) and top-p/top-k filtered first, as for sampling.
-    """
-    if temperature >= GREEDY_BELOW:
-        logits = logits / temperature
-    if top_p is not None or top_k is not None:
-        logits = filter_top_p_top_k(logits, top_p, top_k)
-    return -entropy(logits).double()
 
 
 # ----------------------------------------------------------------------------- executors

@@ -40,3 +40,14 @@ def test_cli_writes_the_plot_and_exits_cleanly_on_bad_input(tmp_path, capsys, ru
     assert e.value.code == 2 and "model" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         run_benchmark("merge_pareto", [str(tmp_path / "missing.json"), "--out", str(out)])
+
+
+def test_output_paths_are_checked_before_any_work(tmp_path, capsys, run_benchmark):
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps(_report(["d2f"])))
+    with pytest.raises(SystemExit) as e:
+        run_benchmark("merge_pareto", [str(a), "--out", str(tmp_path / "plot.txt")])
+    assert e.value.code == 2 and "unknown file format" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        run_benchmark("lopa_ceiling", ["--suite", "arith", "--n", "1", "--json", str(tmp_path)])
+    assert e.value.code == 2 and "is a folder" in capsys.readouterr().err
