@@ -10,7 +10,8 @@ import typer
 
 def bench(
     model: str = typer.Option("tiny-d2f", "--model", "-m", help="tiny, tiny-d2f, or a checkpoint directory."),
-    suite: str = typer.Option("all", "--suite", help="arith, gsm, lists, sudoku, countdown, a comma list, or all."),
+    suite: str = typer.Option("all", "--suite", help="arith, gsm, lists, sudoku, countdown, a JSON Lines file of your own "
+                                                              "(my.jsonl, exact match), a comma list, or all."),
     strategies: str = typer.Option("vanilla,threshold,d2f", "--strategies",
                                    help="Comma list; parameters as name:key=value,key=value (e.g. threshold:cache=dual,threshold=0.9)."),
     n: int = typer.Option(20, "--n", help="Held-out examples per suite."),
@@ -46,6 +47,7 @@ def bench(
         parse_methods,
         run_bench,
     )
+    from eval.tasks import resolve_suites
 
     def fail(msg: str) -> None:
         typer.echo(f"error: {msg}", err=True)
@@ -72,6 +74,7 @@ def bench(
     overrides = {k: v for k, v in {"max_new_tokens": max_new_tokens, "block_length": block_length}.items() if v}
     try:
         methods = apply_sweep(parse_methods(strategies), sweep)
+        resolve_suites(suite)  # a bad suite name or data file fails before the model loads
         path = resolve_model_path(model)
         m = load_model(path, dtype=dtype, device=device)
         tok = load_tokenizer_for(path)

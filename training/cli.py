@@ -44,10 +44,11 @@ def _run(kind: str, config: Path | None, overrides: list[str] | None, resume: bo
     else:
         from .distill import DistillTrainer as trainer_cls
     from dllm.loading import CheckpointError
+    from eval.tasks.jsonl import DataFileError
 
     try:
         result = trainer_cls(cfg).run()
-    except (ConfigError, CheckpointError) as err:  # checkable only against the model/tokenizer on disk
+    except (ConfigError, CheckpointError, DataFileError) as err:  # found only once the run reads its inputs
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     except TrainingDiverged as err:

@@ -71,6 +71,9 @@ class DataSection:
     # suite), e.g. {lists: {ops: [copy, replace_random, replace_random]}}: an op named twice is drawn
     # twice as often.
     suite_options: dict = field(default_factory=dict)
+    # your own JSON Lines files, path -> sampling weight, mixed with data.tasks (training.files for the
+    # two accepted forms); set data.tasks to {} to train on the files alone. SFT and distill only.
+    files: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -313,9 +316,14 @@ def validate(cfg: TrainConfig) -> None:
 
     if unknown := sorted(set(cfg.data.tasks) - set(suite_names())):
         bad(f"data.tasks names unknown suites {unknown}; valid suites: {', '.join(suite_names())}")
-    if not cfg.data.tasks or any(float(w) < 0 for w in cfg.data.tasks.values()) or \
-            sum(float(w) for w in cfg.data.tasks.values()) <= 0:
-        bad("data.tasks needs at least one suite with a positive weight")
+    weights = {**cfg.data.tasks, **cfg.data.files}
+    if bad_weights := [k for k, w in weights.items() if not _is_weight(w)]:
+        bad(f"data.tasks / data.files weights must be numbers >= 0; check {bad_weights}")
+    if sum(float(w) for w in weights.values()) <= 0:
+        bad("data.tasks and data.files need at least one source with a positive weight")
+    for path, w in cfg.data.files.items():
+        if float(w) > 0 and not Path(path).is_file():
+            bad(f"data.files: {path} does not exist (a JSON Lines file, one example per line; see docs/training.md)")
     if cfg.data.suite_options and (err := suite_options_error(cfg.data)):
         bad(err)
     if cfg.model.pad_numbers and cfg.model.pad_numbers < 2:
@@ -355,6 +363,13 @@ def validate(cfg: TrainConfig) -> None:
             bad("need 0 <= pmask_low <= pmask_high <= 1")
         if cfg.block_size < 1:
             bad("block_size must be >= 1")
+
+
+def _is_weight(w) -> bool:
+    try:
+        return not isinstance(w, bool) and float(w) >= 0
+    except (TypeError, ValueError):
+        return False
 
 
 def suite_options_error(data: DataSection) -> str | None:

@@ -36,8 +36,12 @@ class Batch:
 
 def encode_prompt(tokenizer, prompt: str) -> list[int]:
     """Token ids of the user turn plus the generation prompt: ``<|user|> prompt <|assistant|>``."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                         tokenize=False)
+    return encode_messages(tokenizer, [{"role": "user", "content": prompt}])
+
+
+def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of the chat turns through the chat template, ending with the generation prompt."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -89,17 +93,21 @@ def suite_texts(n_per_split: int = 1000, seed: int = 0) -> list[str]:
 
 
 class TaskStream:
-    """Infinite deterministic batches over a weighted suite mix.
+    """Infinite deterministic batches over a weighted mix of suites and data files.
 
-    Batch ``k`` of process ``rank`` depends only on (seed, rank, k): the suite choice and the padding
-    length come from ``Random((seed, rank, k))`` and examples are read from per-suite cursors into
-    deterministic chunks, so the stream's position is just (batches drawn, cursors) and resuming
-    continues exactly where an uninterrupted run would be.
+    Batch ``k`` of process ``rank`` depends only on (seed, rank, k): the source choice and the padding
+    length come from ``Random((seed, rank, k))`` and examples are read from per-source cursors into
+    deterministic suite chunks or file epochs (``training.files``), so the stream's position is just
+    (batches drawn, cursors) and resuming continues exactly where an uninterrupted run would be.
+    ``max_length`` (the model's context) drops file examples whose prompt leaves no room for the
+    answer region; ``notes`` says what each file contributed.
     """
 
     def __init__(self, tokenizer, cfg: DataSection, batch_size: int, seed: int, rank: int = 0,
-                 pad_multiple: int = 1) -> None:
+                 pad_multiple: int = 1, world_size: int = 1, max_length: int | None = None) -> None:
         from eval.tasks import get_suite
+
+        from .files import FileSource, source_labels
 
         self.tokenizer = tokenizer
         self.cfg = cfg
@@ -111,8 +119,6 @@ class TaskStream:
         if cfg.suite_options and (err := suite_options_error(cfg)):
             raise ValueError(err)
         self.suites = {name: get_suite(name, **cfg.suite_options.get(name, {})) for name in weights}
-        self.names = list(weights)
-        self.weights = [weights[n] for n in self.names]
         for name, suite in self.suites.items():
             need = suite.max_answer_tokens + 1
             if need > cfg.max_new_tokens:
@@ -120,6 +126,18 @@ class TaskStream:
                     f"suite {name!r} answers take up to {need} tokens with EOS; raise data.max_new_tokens "
                     f"(now {cfg.max_new_tokens}) or drop the suite from data.tasks"
                 )
+        self.files: dict[str, FileSource] = {}
+        self.notes: list[str] = []
+        file_weights = {p: float(w) for p, w in cfg.files.items() if float(w) > 0}
+        gen_cap = -(-cfg.max_new_tokens // self.pad_multiple) * self.pad_multiple
+        for path, label in source_labels(file_weights).items():
+            src = FileSource(path, label, tokenizer, cfg.max_new_tokens, seed, rank, world_size,
+                             None if max_length is None else max_length - gen_cap)
+            self.files[label] = src
+            weights[label] = file_weights[path]
+            self.notes.append(f"data file {path} ({label}): {src.summary()}")
+        self.names = list(weights)
+        self.weights = [weights[n] for n in self.names]
         self.batches = 0
         self.cursors = {n: 0 for n in self.names}
         self._chunks: dict[tuple[str, int], list[tuple[list[int], list[int]]]] = {}
@@ -147,6 +165,8 @@ class TaskStream:
     def _take(self, name: str) -> tuple[list[int], list[int]]:
         c = self.cursors[name]
         self.cursors[name] = c + 1
+        if name in self.files:
+            return self.files[name].example(c)
         return self._chunk(name, c // self.cfg.chunk_size)[c % self.cfg.chunk_size]
 
     def _gen_length(self, rng: random.Random, longest_answer: int) -> int:

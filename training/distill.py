@@ -35,7 +35,7 @@ class DistillTrainer(Trainer):
         if not (cfg.model.path or cfg.model.grow_from):
             raise ConfigError("distillation starts from a trained model: set model.path (e.g. tiny), or "
                               "model.grow_from with a model.config to grow it into")
-        self.tokenizer = load_tokenizer_for(cfg.model)
+        self.tokenizer = load_tokenizer_for(cfg.model, cfg.data.files)
         student = init_model(cfg.model, self.tokenizer, attention_policy="block_causal", block_size=cfg.block_size)
         self.teacher = None
         if cfg.teacher:

@@ -204,7 +204,10 @@ class Trainer:
             optimizer, LRSchedule(o.schedule, o.warmup_steps, cfg.max_steps, o.min_lr_ratio))
         model, optimizer = accelerator.prepare(model, optimizer)
         rank = accelerator.process_index
-        stream = TaskStream(self.tokenizer, cfg.data, cfg.batch_size, cfg.seed, rank, self.pad_multiple())
+        conf = getattr(accelerator.unwrap_model(model), "config", None)
+        context = getattr(conf, "max_sequence_length", None) or getattr(conf, "max_position_embeddings", None)
+        stream = TaskStream(self.tokenizer, cfg.data, cfg.batch_size, cfg.seed, rank, self.pad_multiple(),
+                            accelerator.num_processes, context)
         generator = torch.Generator().manual_seed(cfg.seed * 7919 + rank)
         state = TrainState(stream, generator)
         accelerator.register_for_checkpointing(scheduler, state)
@@ -236,6 +239,11 @@ class Trainer:
             log.message(slow)
         log.message(f"{self.name}: {n_params / 1e6:.2f}M parameters ({n_train / 1e6:.2f}M trainable), "
                     f"{cfg.max_steps} steps x {cfg.batch_size * cfg.grad_accum * accelerator.num_processes} examples")
+        for note in stream.notes:
+            log.message(note)
+        if cfg.eval_every and not self.stream_suites():
+            log.message("eval_every: data.tasks trains on no task suite, so there is nothing to score; "
+                        "in-training evaluation is off")
 
         stop = _StopFlag()
         stop.install()
@@ -337,7 +345,7 @@ class Trainer:
             )
 
     def _eval(self, accelerator, model, log: RunLogger, step: int) -> None:
-        if accelerator.is_main_process:
+        if accelerator.is_main_process and self.stream_suites():
             from .monitor import evaluate
 
             scores = evaluate(accelerator.unwrap_model(model), self.tokenizer, list(self.stream_suites()),

@@ -164,6 +164,9 @@ def validate_grpo(cfg: GRPOConfig) -> None:
         raise ConfigError(msg)
 
     r, w, f, lo = cfg.rollout, cfg.reward, cfg.filter, cfg.loss
+    if any(float(v) > 0 for v in cfg.data.files.values()):
+        bad("data.files is for sft and distill: GRPO rewards verified answers, so it draws prompts from the task "
+            "suites (data.tasks) only")
     if not cfg.model.path:
         bad("GRPO starts from a trained model: set model.path (e.g. tiny-d2f or a checkpoint directory)")
     if r.group_size < 2:

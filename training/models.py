@@ -15,8 +15,9 @@ from dllm.tokenization import UNK_TOKEN, build_tokenizer, load_tokenizer, specia
 from .config import TAG_HEADS, ModelSection
 
 
-def load_tokenizer_for(section: ModelSection):
-    """The tokenizer named in the recipe, else the checkpoint's, else one built from the task suites."""
+def load_tokenizer_for(section: ModelSection, data_files=()):
+    """The tokenizer named in the recipe, else the checkpoint's, else one built from the task suites
+    (and the words of ``data_files``, the recipe's JSON Lines files)."""
     if section.tokenizer:
         return load_tokenizer(resolve_model_path(section.tokenizer))
     if section.path or section.grow_from:
@@ -25,8 +26,9 @@ def load_tokenizer_for(section: ModelSection):
             raise FileNotFoundError(f"{path} has no tokenizer; set model.tokenizer to a tokenizer directory")
         return load_tokenizer(path)
     from .data import suite_texts
+    from .files import record_texts
 
-    return build_tokenizer(suite_texts(), pad_numbers=section.pad_numbers, number_tokens=section.number_tokens,
+    return build_tokenizer(suite_texts() + record_texts(data_files), pad_numbers=section.pad_numbers, number_tokens=section.number_tokens,
                            number_tags=section.number_tags, number_tag_style=section.number_tag_style,
                            number_tag_digits=section.number_tag_digits,
                            number_tag_context=section.number_tag_context)

@@ -47,7 +47,7 @@ class SFTTrainer(Trainer):
     name = "sft"
 
     def setup_models(self) -> None:
-        self.tokenizer = load_tokenizer_for(self.cfg.model)
+        self.tokenizer = load_tokenizer_for(self.cfg.model, self.cfg.data.files)
         self.model = init_model(self.cfg.model, self.tokenizer)
         self._result_ids = None
         if self.cfg.result_mask_prob > 0:  # fail before training, not at the first step

@@ -127,3 +127,17 @@ def test_distill_student_grown_from_a_checkpoint(tmp_path, teacher_dir):
     assert result.status == "finished"
     conf = json.loads((tmp_path / "run" / "final" / "config.json").read_text())
     assert conf["mlp_hidden_size"] == 96 and conf["attention_policy"] == "block_causal"
+
+
+def test_distill_on_a_data_file_with_context_bound(tmp_path, teacher_dir, capsys):
+    """Own data (chat form) mixed with a suite; the teacher's context drops a prompt that cannot fit."""
+    rows = [{"messages": [{"role": "user", "content": "copy : Ann Bob"}, {"role": "assistant", "content": "Ann Bob"}]},
+            {"messages": [{"role": "user", "content": "copy : " + " Ann" * 5000}, {"role": "assistant", "content": "Ann"}]}]
+    f = tmp_path / "chat.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(DistillConfig, None, _overrides(tmp_path, teacher_dir, max_steps=2, **{
+        "data.tasks": "{lists: 1}", "data.files": f"{{{f}: 3}}"}))
+    result = DistillTrainer(cfg).run()
+    assert result.status == "finished"
+    err = capsys.readouterr().err
+    assert f"data file {f} (chat): 1 of 2 examples used" in err and "longer than the model's context" in err
