@@ -28,7 +28,8 @@ def load_tokenizer_for(section: ModelSection, data_files=()):
     from .data import suite_texts
     from .files import record_texts
 
-    return build_tokenizer(suite_texts() + record_texts(data_files), pad_numbers=section.pad_numbers, number_tokens=section.number_tokens,
+    return build_tokenizer(suite_texts() + record_texts(data_files), pad_numbers=section.pad_numbers,
+                           number_tokens=section.number_tokens,
                            number_tags=section.number_tags, number_tag_style=section.number_tag_style,
                            number_tag_digits=section.number_tag_digits,
                            number_tag_context=section.number_tag_context)

@@ -46,17 +46,15 @@ def get_suite(name: str, **options) -> TaskSuite:
 
 
 def resolve_suites(spec: str) -> list[TaskSuite]:
-    """``"all"`` or a comma-separated list of suite names and JSON Lines files (``my.jsonl``: a
-    :class:`~eval.tasks.jsonl.FileSuite`, named by its stem), duplicates dropped, order kept."""
+    """A comma-separated list of suite names, ``all`` (every registered suite) and JSON Lines files
+    (``my.jsonl``: a :class:`~eval.tasks.jsonl.FileSuite`, named by its stem), duplicates dropped, order kept."""
     from .jsonl import FileSuite, is_data_file, source_labels
 
-    if spec.strip() == "all":
-        return [cls() for cls in _SUITES.values()]
     names = [s.strip() for s in spec.split(",") if s.strip()]
     if not names:
         raise ValueError(f"empty suite spec {spec!r}; use 'all' or a comma list of: {', '.join(_SUITES)} "
                          "(or JSON Lines files, my.jsonl)")
-    names = list(dict.fromkeys(names))
+    names = list(dict.fromkeys(x for n in names for x in (_SUITES if n == "all" else [n])))
     for n in names:
         if not is_data_file(n) and n not in _SUITES and ("." in n or "/" in n):
             raise ValueError(f"unknown suite {n!r}: a file of your own examples must be JSON Lines named *.jsonl; "

@@ -41,6 +41,8 @@ def test_resolve_suites_mixes_names_and_files(tmp_path):
     a = _write(tmp_path / "gsm.jsonl", [{"prompt": "x", "response": "y"}])
     suites = resolve_suites(f"arith,{a},arith")
     assert [s.name for s in suites] == ["arith", "gsm-2"]  # never shadows a registered suite
+    assert [s.name for s in resolve_suites(f"{a},all,lists")] == ["gsm-2", "arith", "gsm", "lists", "sudoku",
+                                                                  "countdown"]
     assert is_data_file("x/My.JSONL") and not is_data_file("lists")
     with pytest.raises(DataFileError, match="does not exist"):
         resolve_suites(str(tmp_path / "nope.jsonl"))

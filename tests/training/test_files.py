@@ -205,3 +205,25 @@ def test_a_bad_data_file_is_a_one_line_cli_error(tmp_path):
         "data.tasks": "{}", "data.files": f"{{{f}: 1}}"})])
     assert res.exit_code == 2
     assert f"{f}:3: not valid JSON" in res.output and "Traceback" not in res.output
+
+
+def test_the_example_recipe_loads_and_its_data_is_what_the_script_writes(tmp_path, monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(repo)  # the recipe names its file relative to the repository root, as documented
+    cfg = load_config(SFTConfig, repo / "recipes" / "tiny-own-data.yaml")
+    assert cfg.data.files == {"recipes/data/reverse-sort-train.jsonl": 10.0} and cfg.model.path == "tiny"
+    spec = importlib.util.spec_from_file_location("make_reverse_sort", repo / "recipes" / "data" / "make_reverse_sort.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main(["--out", str(tmp_path)])
+    for split in ("train", "test"):
+        name = f"reverse-sort-{split}.jsonl"
+        assert (tmp_path / name).read_text() == (repo / "recipes" / "data" / name).read_text()
+    test = {r.messages[0][1] for r in read_records(tmp_path / "reverse-sort-test.jsonl")}
+    train = {r.messages[0][1] for r in read_records(tmp_path / "reverse-sort-train.jsonl")}
+    assert len(test) == 200 and len(train) == 2000 and not test & train
+    r = read_records(tmp_path / "reverse-sort-test.jsonl")[0]
+    assert r.answer.split() == sorted(r.messages[0][1].split(" : ")[1].split(), reverse=True)
