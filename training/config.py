@@ -324,6 +324,14 @@ def validate(cfg: TrainConfig) -> None:
     for path, w in cfg.data.files.items():
         if float(w) > 0 and not Path(path).is_file():
             bad(f"data.files: {path} does not exist (a JSON Lines file, one example per line; see docs/training.md)")
+    from eval.tasks.jsonl import DataFileError, read_records
+
+    for path, w in cfg.data.files.items():
+        try:  # every line now, not after a large model has loaded
+            if float(w) > 0:
+                read_records(path)
+        except DataFileError as err:
+            bad(f"data.files: {err}")
     if cfg.data.suite_options and (err := suite_options_error(cfg.data)):
         bad(err)
     if cfg.model.pad_numbers and cfg.model.pad_numbers < 2:

@@ -165,6 +165,9 @@ def test_config_checks_files_and_weights(tmp_path):
         load_config(SFTConfig, None, [f"data.files={{{tmp_path / 'nope.jsonl'}: 1}}"])
     with pytest.raises(ConfigError, match="at least one source with a positive weight"):
         load_config(SFTConfig, None, ["data.tasks={}"])
+    bad = _write(tmp_path / "bad.jsonl", _pairs(2) + [{"prompt": "x"}])
+    with pytest.raises(ConfigError, match=r"data.files: .*bad.jsonl:3: keys \['prompt'\] are neither form"):
+        load_config(SFTConfig, None, [f"data.files={{{bad}: 1}}"])
     with pytest.raises(ConfigError, match="numbers >= 0"):
         load_config(SFTConfig, None, [f"data.files={{{f}: -1}}"])
     from training.grpo import GRPOConfig, validate_grpo
