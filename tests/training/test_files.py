@@ -218,6 +218,11 @@ def test_the_example_recipe_loads_and_its_data_is_what_the_script_writes(tmp_pat
     monkeypatch.chdir(repo)  # the recipe names its file relative to the repository root, as documented
     cfg = load_config(SFTConfig, repo / "recipes" / "tiny-own-data.yaml")
     assert cfg.data.files == {"recipes/data/reverse-sort-train.jsonl": 10.0} and cfg.model.path == "tiny"
+    from training.config import DistillConfig
+
+    student = load_config(DistillConfig, repo / "recipes" / "tiny-d2f-own-data.yaml")
+    assert student.teacher == "runs/tiny-own-data/final" and student.data.files == {
+        "recipes/data/reverse-sort-train.jsonl": 12.0}
     spec = importlib.util.spec_from_file_location("make_reverse_sort", repo / "recipes" / "data" / "make_reverse_sort.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
