@@ -235,3 +235,33 @@ def test_the_example_recipe_loads_and_its_data_is_what_the_script_writes(tmp_pat
     assert len(test) == 200 and len(train) == 2000 and not test & train
     r = read_records(tmp_path / "reverse-sort-test.jsonl")[0]
     assert r.answer.split() == sorted(r.messages[0][1].split(" : ")[1].split(), reverse=True)
+
+
+def test_a_run_on_a_file_resumes_bit_identically(tmp_path):
+    from safetensors.torch import load_file
+
+    from training.sft import SFTTrainer
+
+    f = _write(tmp_path / "mine.jsonl", _pairs(5))  # 4 per micro-batch: epochs end mid-batch
+
+    def over(run):
+        return micro_overrides(tmp_path / run, max_steps=6, save_every=3, **{
+            "data.tasks": "{arith: 1}", "data.files": f"{{{f}: 2}}", "data.mix": "per_example"})
+
+    SFTTrainer(load_config(SFTConfig, None, over("a"))).run()
+
+    class Crash(SFTTrainer):
+        calls = 0
+
+        def compute_loss(self, model, batch, generator):
+            Crash.calls += 1
+            if Crash.calls == 5:  # during step 5, after the step-3 checkpoint
+                raise RuntimeError("simulated crash")
+            return super().compute_loss(model, batch, generator)
+
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        Crash(load_config(SFTConfig, None, over("b"))).run()
+    assert SFTTrainer(load_config(SFTConfig, None, over("b") + ["resume=true"])).run().step == 6
+    a = load_file(str(tmp_path / "a" / "checkpoints" / "step-0000006" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "checkpoints" / "step-0000006" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
