@@ -321,9 +321,6 @@ def validate(cfg: TrainConfig) -> None:
         bad(f"data.tasks / data.files weights must be numbers >= 0; check {bad_weights}")
     if sum(float(w) for w in weights.values()) <= 0:
         bad("data.tasks and data.files need at least one source with a positive weight")
-    for path, w in cfg.data.files.items():
-        if float(w) > 0 and not Path(path).is_file():
-            bad(f"data.files: {path} does not exist (a JSON Lines file, one example per line; see docs/training.md)")
     from eval.tasks.jsonl import DataFileError, read_records
 
     for path, w in cfg.data.files.items():
@@ -331,7 +328,7 @@ def validate(cfg: TrainConfig) -> None:
             if float(w) > 0:
                 read_records(path)
         except DataFileError as err:
-            bad(f"data.files: {err}")
+            bad(f"data.files: {err} (JSON Lines, one example per line; docs/training.md, \"Your own data\")")
     if cfg.data.suite_options and (err := suite_options_error(cfg.data)):
         bad(err)
     if cfg.model.pad_numbers and cfg.model.pad_numbers < 2:
