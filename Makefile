@@ -3,8 +3,12 @@ PY      ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 PIP     := $(VPY) -m pip
-# The CPU wheel of torch is installed first, so no dependency resolution can pull a CUDA build.
-TORCH   ?= torch==2.13.0
+# torch is installed first, from PyTorch's CPU wheel index, so no later dependency resolution can pull
+# the multi-GB CUDA build. A torch wheel that pip's find-links (a local wheelhouse) already holds is
+# used without the network (its pure-Python dependencies come with the install step).
+# For a GPU: make demo TORCH_INDEX=https://download.pytorch.org/whl/cu128 (or any index of torch wheels).
+TORCH       ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: demo test lint venv install-demo install-test clean
 
@@ -13,7 +17,8 @@ $(VPY):
 	$(PIP) install -q --upgrade pip
 
 venv: $(VPY)
-	@$(VPY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)"
+	@$(VPY) -c "import torch" 2>/dev/null || $(PIP) install -q --no-index --no-deps "$(TORCH)" 2>/dev/null \
+		|| $(PIP) install -q --index-url "$(TORCH_INDEX)" "$(TORCH)"
 
 install-demo: venv
 	$(PIP) install -q -e ".[eval]"
@@ -22,7 +27,7 @@ install-test: venv
 	$(PIP) install -q -e ".[test]"
 
 demo: install-demo
-	$(VPY) -m dllm.demo
+	$(VPY) -m dllm.eval.demo
 
 test: install-test
 	$(VPY) -m pytest -q -m "not gpu" --durations=10 tests

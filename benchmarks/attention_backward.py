@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from eval.outputs import check_output_args
+from dllm.eval.outputs import check_output_args
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -38,9 +38,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     from dllm.loading import load_model, resolve_model_path
     from dllm.tokenization import load_tokenizer
-    from training.config import DataSection
-    from training.data import TaskStream
-    from training.objectives import sft_loss, sft_noise
+    from dllm.training.config import DataSection
+    from dllm.training.data import TaskStream
+    from dllm.training.objectives import sft_loss, sft_noise
 
     hf_logging.disable_progress_bar()
     model = load_model(args.model).train()

@@ -6,7 +6,7 @@
 Sections (each under its own timeout; a failing case or section is reported and the rest still run):
 
 * ``confidence``: the fused confidence-statistics kernel vs the PyTorch path over V=126464 logits for
-  N masked positions (``dllm.kernels.confidence.benchmark_confidence``), with the memory-bandwidth
+  N masked positions (``dllm.decoding.kernels.confidence.benchmark_confidence``), with the memory-bandwidth
   floor (the logits read once at the measured copy bandwidth).
 * ``attention``: attention time per decoding step (mask construction once + one attention call
   per layer, 32 layers) for each cache shape -- no cache, prefix, dual (replace), the block-causal
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from eval.outputs import check_output_args
+from dllm.eval.outputs import check_output_args
 
 FULL = {  # LLaDA-8B: 32 layers, d 4096, 32 heads (MHA), SwiGLU 12288, vocab 126464
     "d_model": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 32, "mlp_hidden_size": 12288,
@@ -142,7 +142,7 @@ def block_causal_view(model, block_size: int):
 # --- sections ------------------------------------------------------------------------------------
 def bench_confidence(shape, device, dtype, rows, deadline):
     try:
-        from dllm.kernels.confidence import benchmark_confidence
+        from dllm.decoding.kernels.confidence import benchmark_confidence
     except ImportError as err:
         rows.append(row("confidence", "-", "kernel", note=f"skipped: {err}"))
         return
@@ -234,7 +234,7 @@ def bench_attention(shape, device, dtype, backends, rows, deadline):
 
 
 def e2e_configs(shape):
-    from dllm.generation.config import DiffusionGenerationConfig
+    from dllm.decoding.config import DiffusionGenerationConfig
 
     base = {"max_new_tokens": shape["e2e_new"], "block_length": shape["e2e_block"], "stop_at_eos": False,
             "return_dict_in_generate": True}

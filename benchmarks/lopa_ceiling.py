@@ -44,18 +44,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    from eval.outputs import check_output_args
+    from dllm.eval.outputs import check_output_args
 
     check_output_args(ap, args.json)  # before the run: a report that cannot be written is lost with the run
     torch.set_num_threads(args.threads)
 
     from transformers.utils import logging as hf_logging
 
-    from dllm.generation.config import parse_overrides
+    from dllm.decoding.config import parse_overrides
+    from dllm.eval.tasks import get_suite
     from dllm.loading import load_model, resolve_model_path
     from dllm.text import generate_text
     from dllm.tokenization import load_tokenizer
-    from eval.tasks import get_suite
 
     hf_logging.disable_progress_bar()
     model = load_model(args.model).eval()

@@ -26,10 +26,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     from transformers.utils import logging as hf_logging
 
+    from dllm.eval.tasks import get_suite
     from dllm.loading import load_model, resolve_model_path
     from dllm.tokenization import load_tokenizer
-    from eval.tasks import get_suite
-    from training.rollouts import encode_prompt
+    from dllm.training.rollouts import encode_prompt
 
     hf_logging.disable_progress_bar()
     model = load_model(args.model).eval()

@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", required=True, help="image path (.png, .svg, .pdf)")
     args = ap.parse_args(argv)
 
-    from eval.bench import pareto_plot
-    from eval.outputs import IMAGE_FORMATS, check_output_args
+    from dllm.eval.bench import pareto_plot
+    from dllm.eval.outputs import IMAGE_FORMATS, check_output_args
 
     check_output_args(ap, args.out, suffixes=IMAGE_FORMATS)
 

@@ -14,7 +14,7 @@ import json
 
 import torch
 
-from eval.outputs import check_output_args
+from dllm.eval.outputs import check_output_args
 
 STRATEGIES = [
     ("vanilla", "tiny", {"strategy": "vanilla"}),
@@ -44,9 +44,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from transformers.utils import logging as hf_logging
 
+    from dllm.eval.tasks import get_suite, suite_names
     from dllm.loading import load_model, resolve_model_path
     from dllm.text import encode_prompts, load_tokenizer_for
-    from eval.tasks import get_suite, suite_names
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(args.threads)

@@ -54,9 +54,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from transformers.utils import logging as hf_logging
 
+    from dllm.eval.bench import apply_sweep, pareto_plot, parse_methods, run_bench
     from dllm.loading import load_model, resolve_model_path
     from dllm.text import load_tokenizer_for
-    from eval.bench import apply_sweep, pareto_plot, parse_methods, run_bench
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(args.threads)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import httpx
 
-from eval.outputs import check_output_args
+from dllm.eval.outputs import check_output_args
 
 # torch is imported inside the functions, after OMP_WAIT_POLICY is set (main() sets it first)
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +48,7 @@ SUITES = ("arith", "gsm", "lists", "countdown", "sudoku")
 
 
 def prompts_for(n: int) -> list[str]:
-    from eval.tasks import get_suite
+    from dllm.eval.tasks import get_suite
 
     per = -(-n // len(SUITES))
     pools = [get_suite(s).examples("test", per, seed=7) for s in SUITES]
@@ -59,8 +59,8 @@ def prompts_for(n: int) -> list[str]:
 def build_random_model(directory: Path) -> Path:
     """A random model with the bundled tiny model's shape (d_model 256, 6 layers) and tokenizer."""
     from dllm.loading import BUNDLED_DIR
+    from dllm.serving.testing import build_checkpoint
     from dllm.tokenization import load_tokenizer
-    from serving.testing import build_checkpoint
 
     tok = load_tokenizer(BUNDLED_DIR / "tiny")
     return build_checkpoint(directory, d_model=256, n_layers=6, n_heads=8, mlp_hidden_size=768,

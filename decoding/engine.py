@@ -7,14 +7,15 @@ import warnings
 
 import torch
 
-from decoding.registry import check_compatible, get_strategy
-from decoding.state import DecodeState, DiffusionGenerateOutput
-from dllm.generation.config import DiffusionGenerationConfig, GenerationConfigError
+from dllm.special_ids import require_mask_token
+
+from .config import DiffusionGenerationConfig
+from .errors import GenerationConfigError
+from .registry import check_compatible, get_strategy
+from .state import DecodeState, DiffusionGenerateOutput
 
 
 def resolve_special_ids(model, cfg: DiffusionGenerationConfig, tokenizer=None) -> tuple[int, int | None]:
-    from dllm.loading import require_mask_token
-
     mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else require_mask_token(model, tokenizer)
     eos_id = cfg.eos_token_id
     if eos_id is None:

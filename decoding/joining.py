@@ -1,6 +1,6 @@
 """Continuous batching: rows that join a running decoding loop.
 
-A :class:`~decoding.streaming.BatchStreamer` with ``joins_rows = True`` may hand new prompts to a
+A :class:`~dllm.decoding.streaming.BatchStreamer` with ``joins_rows = True`` may hand new prompts to a
 running ``generate`` call (``admit_rows``). The loops that support it poll it at their join points
 (with ``joins_rows`` False they run exactly as without a streamer's joins):
 
@@ -14,7 +14,7 @@ running ``generate`` call (``admit_rows``). The loops that support it poll it at
   that many blocks from there (:func:`may_join`): rows that are far apart make every forward
   cover the union of their windows.
 
-Every row owns a slot range of the canvas (:meth:`decoding.state.DecodeState.admit`): slots outside
+Every row owns a slot range of the canvas (:meth:`dllm.decoding.state.DecodeState.admit`): slots outside
 it are invalid for the row (``key_valid``), RoPE positions count its valid slots only, and
 block-causal masks use its own prompt end (a per-row ``prompt_length``). Attention never crosses
 rows, so at temperature 0 a joined row commits the same tokens, in the same forwards, as when it
@@ -35,7 +35,7 @@ Not supported (the streamer is never polled): LoPA, d3LLM, classifier-free guida
 
 from __future__ import annotations
 
-from dllm.modeling import DiffusionKVCache
+from dllm.modeling.kv_cache import DiffusionKVCache
 
 SEMI_AR_STRATEGIES = ("vanilla", "threshold", "factor", "entropy", "margin", "maskgit_plus")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .errors import GenerationConfigError, StrategyError
+
 
 @dataclass(frozen=True)
 class Strategy:
@@ -20,7 +22,7 @@ class Strategy:
         return getattr(importlib.import_module(module), fn)
 
 
-_SEMI_AR = "decoding.loops.semi_ar:decode_semi_ar"
+_SEMI_AR = "dllm.decoding.loops.semi_ar:decode_semi_ar"
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
     for s in [
@@ -30,19 +32,15 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("entropy", _SEMI_AR, "any", "Dream: timestep schedule, positions ranked by negative entropy"),
         Strategy("margin", _SEMI_AR, "any", "Dream: timestep schedule, positions ranked by top1 - top2 probability"),
         Strategy("maskgit_plus", _SEMI_AR, "any", "Dream: timestep schedule, positions ranked by max probability"),
-        Strategy("d3llm", "decoding.loops.pipeline:decode_pipeline", "any",
+        Strategy("d3llm", "dllm.decoding.loops.pipeline:decode_pipeline", "any",
                  "d3LLM: pipelined multi-block decoding, commit tokens with entropy <= entropy_threshold"),
-        Strategy("d2f", "decoding.loops.pipeline:decode_pipeline", "block_causal",
+        Strategy("d2f", "dllm.decoding.loops.pipeline:decode_pipeline", "block_causal",
                  "D2F: pipelined multi-block decoding with an exact block KV cache (tau_add/tau_act/tau_conf)"),
-        Strategy("lopa", "decoding.loops.lopa:decode_lopa", "any",
+        Strategy("lopa", "dllm.decoding.loops.lopa:decode_lopa", "any",
                  "LoPA: lopa_branches lookahead branches (+ the anchor) verified in one forward per round, on top "
                  "of d2f (block-causal models) or threshold (bidirectional)"),
     ]
 }
-
-
-class StrategyError(ValueError):
-    """Unknown strategy, or a strategy that cannot run on this model."""
 
 
 def strategy_names() -> list[str]:
@@ -64,8 +62,6 @@ def check_compatible(strategy: Strategy, model, cfg=None) -> None:
             "the checkpoint with attention_policy='block_causal' and block_size=N"
         )
     if cfg is not None and strategy.name == "lopa" and not model.is_block_causal and cfg.refresh_interval:
-        from dllm.generation.config import GenerationConfigError
-
         raise GenerationConfigError(
             "strategy='lopa' on a bidirectional model does not support refresh_interval: a refresh in the middle of "
             "a block would bake one branch's lookahead token into every slot's cache"

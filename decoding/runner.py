@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from dllm.modeling import DiffusionKVCache
+from dllm.modeling.kv_cache import DiffusionKVCache
 
 
 class ModelRunner:

@@ -9,19 +9,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# Temperatures this small are greedy: dividing by them overflows to NaN probabilities.
-GREEDY_BELOW = 1e-5
+from .kernels import confidence as kernels
+from .kernels.confidence import GREEDY_BELOW
 
 
 def _fused(logits: torch.Tensor, top_p: float | None = None, top_k: int | None = None):
-    """The fused Triton statistics (dllm.kernels.confidence) when they apply: on CUDA (see
+    """The fused Triton statistics (dllm.decoding.kernels.confidence) when they apply: on CUDA (see
     ``use_triton_kernels``) and with no top-p/top-k filter. None means: use the PyTorch code below,
-    which stays the reference and the CPU path. Imported lazily (no triton import, no cycle)."""
+    which stays the reference and the CPU path (the kernel module imports triton only on first use)."""
     if top_k is not None or (top_p is not None and top_p < 1.0) or logits.dim() == 0:
         return None
-    from dllm.kernels.confidence import confidence_stats_triton, use_triton_kernels
-
-    return confidence_stats_triton if use_triton_kernels(logits.device) else None
+    return kernels.confidence_stats_triton if kernels.use_triton_kernels(logits.device) else None
 
 
 def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dllm.generation.config import DiffusionGenerationConfig
+from dllm.decoding.config import DiffusionGenerationConfig
 
 
 @dataclass
@@ -63,7 +63,7 @@ class DecodeState:
         self.rows = torch.arange(b, device=dev)  # original index of each live row
         self.nfe = torch.zeros(b, dtype=torch.long, device=dev)
         self.step_map = torch.full((b, g), -1, dtype=torch.long, device=dev)
-        from decoding.streaming import BatchStreamer
+        from dllm.decoding.streaming import BatchStreamer
 
         self.batch_streamer = streamer if isinstance(streamer, BatchStreamer) else None
         self.streamer = None if self.batch_streamer is not None else streamer

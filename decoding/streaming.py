@@ -18,7 +18,7 @@ class BatchStreamer:
     #: their joining mode (polls, per-row block grids, retire-at-boundary) when it is True.
     joins_rows: bool = False
 
-    #: Admission bound for joins in the D2F pipeline (``decoding.joining.may_join``): rows join only
+    #: Admission bound for joins in the D2F pipeline (``dllm.decoding.joining.may_join``): rows join only
     #: while the batch's live windows span at most this many blocks from the join point (the
     #: slowest row's first uncached slot) to the furthest row's end; staggered rows make every
     #: forward cover the union of their windows. ``None``: join at every forward. A call with no
@@ -38,7 +38,7 @@ class BatchStreamer:
     def admit_rows(self, first_row: int, live_rows: int) -> list[list[int]]:
         """Prompts (token ids, no padding) to add to the running batch now: continuous batching.
 
-        Polled by the loops that support joining (:func:`decoding.joining.supports_joining`): the
+        Polled by the loops that support joining (:func:`dllm.decoding.joining.supports_joining`): the
         semi-AR loop at every block boundary, the D2F pipeline before every forward. The prompts
         become rows ``first_row``, ``first_row + 1``, ... in order (indices for ``put_row``,
         ``end_row``, ``cancelled_rows`` and the output); ``live_rows`` is the number of rows running

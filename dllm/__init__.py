@@ -5,8 +5,9 @@ Public API::
     from dllm import load_model, load_tokenizer, generate_text, DiffusionGenerationConfig
 """
 
+from .errors import CheckpointError
 from .generation import DiffusionGenerationConfig, GenerationConfigError
-from .loading import CheckpointError, load_model, resolve_model_path
+from .loading import load_model, resolve_model_path
 from .modeling import (
     CheckpointConfigError,
     DiffusionKVCache,
@@ -18,8 +19,7 @@ from .modeling import (
 )
 from .text import TextResult, generate_text
 from .text import load_tokenizer_for as _load_tokenizer_for
-
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def load_tokenizer(name_or_path):
@@ -30,5 +30,5 @@ def load_tokenizer(name_or_path):
 __all__ = [
     "CheckpointConfigError", "CheckpointError", "DiffusionGenerationConfig", "DiffusionKVCache", "DiffusionLM",
     "DreamConfig", "DreamModel", "GenerationConfigError", "LLaDAConfig", "LLaDAModelLM", "TextResult",
-    "generate_text", "load_model", "load_tokenizer", "resolve_model_path",
+    "__version__", "generate_text", "load_model", "load_tokenizer", "resolve_model_path",
 ]

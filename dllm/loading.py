@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from .errors import CheckpointError
 from .modeling import MODEL_TYPES, DiffusionLM
 from .modeling.configuration import ATTENTION_POLICIES
 
@@ -15,10 +16,6 @@ BUNDLED_DIR = Path(__file__).parent / "bundled"
 BUNDLED_MODELS = {"tiny": "tiny", "tiny-d2f": "tiny-d2f"}
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory cannot be loaded; the message says why and what to do."""
 
 
 def resolve_model_path(name_or_path: str | Path) -> Path:
@@ -197,16 +194,3 @@ def attach_adapter(model: DiffusionLM, adapter: str | Path, merge: bool = True):
         raise CheckpointError(f"{adapter} is not a PEFT adapter directory (no adapter_config.json)")
     peft_model = PeftModel.from_pretrained(model, str(adapter))
     return peft_model.merge_and_unload() if merge else peft_model
-
-
-def require_mask_token(model: DiffusionLM, tokenizer=None) -> int:
-    """The mask id from the config, else the tokenizer; a clear error naming the fix otherwise."""
-    mask_id = getattr(model.config, "mask_token_id", None)
-    if mask_id is None and tokenizer is not None:
-        mask_id = getattr(tokenizer, "mask_token_id", None)
-    if mask_id is None:
-        raise CheckpointError(
-            "this checkpoint defines no mask token: set \"mask_token_id\" in its config.json "
-            "(LLaDA: 126336, Dream: 151666) or give the tokenizer a mask_token"
-        )
-    return int(mask_id)

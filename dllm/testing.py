@@ -35,7 +35,7 @@ def tiny_dream(seed: int = 0, **overrides) -> DreamModel:
 
 def tiny_tokenizer():
     """A word-level tokenizer over the task suites' texts (built, not downloaded)."""
-    from eval.tasks import get_suite, suite_names
+    from dllm.eval.tasks import get_suite, suite_names
 
     from .tokenization import build_tokenizer
 

@@ -6,7 +6,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .generation.config import DiffusionGenerationConfig, GenerationConfigError
+from dllm.decoding.config import DiffusionGenerationConfig
+from dllm.decoding.errors import GenerationConfigError
 
 
 @dataclass

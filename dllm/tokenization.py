@@ -4,7 +4,7 @@ Spacing is carried by a SentencePiece-style marker: a piece that follows a space
 ``▁`` (``"75 + 3"`` -> ``▁7 5 ▁+ ▁3``), so numbers are spelled digit by digit and still decode to
 exactly the text they came from (``decode(encode(x)) == x`` for single-spaced text with no
 leading/trailing space, which is how every task suite writes its prompts and answers). A token
-count therefore equals ``eval.tasks.count_tokens``: the marker never costs a token.
+count therefore equals ``dllm.eval.tasks.count_tokens``: the marker never costs a token.
 
 Chat format: ``<|user|> {prompt} <|assistant|>`` then the answer and ``<|eos|>``.
 
@@ -32,7 +32,7 @@ per text).
 ``number_tag_style="replace"`` puts the tag in place of the number's first empty digit instead of
 before it (``"35"`` -> ``▁⟦35⟧ ∅ 3 5``, ``"123"`` -> ``▁⟦123⟧ 1 2 3``): sequences keep the length
 and positions of plain padding, so a model trained with padded digits can take up the tags without
-relearning where things are (``training.models.remap_vocabulary`` starts each tag from the row of
+relearning where things are (``dllm.training.models.remap_vocabulary`` starts each tag from the row of
 the empty digit it replaces, which leaves such a model's function unchanged on its inputs).
 ``number_tag_style="whole"`` puts the tag in place of the whole padded number (``"35"`` -> ``▁⟦35⟧ ∅ ∅ ∅``,
 the same length): the tag is then the number's only view, so a model cannot read the number from its

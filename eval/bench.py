@@ -2,7 +2,7 @@
 
 Every method decodes the same prompts in one process, interleaved prompt batch by prompt batch
 (with the method order rotated each batch) so machine drift hits every method alike. Reported per
-method: accuracy, TPF (ratio of sums, see ``eval.metrics``), mean forwards per answer (NFE),
+method: accuracy, TPF (ratio of sums, see ``dllm.eval.metrics``), mean forwards per answer (NFE),
 tokens/s (generated tokens / decoding wall time), speedup in tokens/s against the first method,
 latency percentiles per request, and AUP against the first method.
 
@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from dllm.generation.config import parse_option_value
+from dllm.decoding.config import parse_option_value
 
 from .metrics import aup as aup_metric
 from .metrics import latency_percentiles
@@ -127,7 +127,7 @@ def run_bench(
     base_overrides: dict | None = None,
     progress: bool = True,
 ) -> dict:
-    from dllm.generation.config import GenerationConfigError
+    from dllm.decoding.config import GenerationConfigError
     from dllm.text import generate_text
 
     suite_objs = resolve_suites(suites)

@@ -10,7 +10,7 @@ lm-eval discovers models by import, so run it through our entry point, which reg
 and hands the command line to lm-eval unchanged:
 
     dllm lm-eval --model dllm --model_args pretrained=tiny,strategy=threshold,threshold=0.9 --tasks TASK
-    python -m eval.lm_eval_adapter --model dllm ...   # the same
+    python -m dllm.eval.lm_eval_adapter --model dllm ...   # the same
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ try:
 except ImportError as err:  # the optional extra is missing
     raise ImportError("lm-eval is not installed: pip install 'dllm[lm-eval]'") from err
 
-from dllm.generation.config import DiffusionGenerationConfig
+from dllm.decoding.config import DiffusionGenerationConfig
 
 _MODEL_ARGS = {"pretrained", "dtype", "device", "batch_size", "mc_num", "mc_batch_size", "chat", "max_length", "seed"}
 
@@ -84,7 +84,7 @@ class DLLMEvalModel(LM):
         if unknown:
             raise ValueError(f"unknown dllm model_args {unknown}; valid: {sorted(fields | _MODEL_ARGS)}")
         self.gen_config = self.model.diffusion_generation_config.replace(**gen_kwargs)
-        from dllm.loading import require_mask_token
+        from dllm.special_ids import require_mask_token
 
         self.mask_id = require_mask_token(self.model, self.tokenizer)
 

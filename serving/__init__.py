@@ -1,4 +1,4 @@
-"""OpenAI-compatible serving for dllm models: ``dllm serve`` or ``serving.create_app``."""
+"""OpenAI-compatible serving for dllm models: ``dllm serve`` or ``dllm.serving.create_app``."""
 
 from .settings import ServerSettings
 

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dllm.generation.config import DiffusionGenerationConfig, GenerationConfigError
+from dllm.decoding.config import DiffusionGenerationConfig, GenerationConfigError
 
 from .engine import Engine, EngineRequest
 from .engine_process import ModelInfo, RemoteEngine
@@ -45,9 +45,9 @@ class ModelBundle:
     """The model, its tokenizer and what requests are checked against."""
 
     def __init__(self, model, tokenizer) -> None:
-        """``model``: the loaded model, or the :class:`~serving.engine_process.ModelInfo` of one that
+        """``model``: the loaded model, or the :class:`~dllm.serving.engine_process.ModelInfo` of one that
         lives in the engine process."""
-        from dllm.loading import require_mask_token
+        from dllm.special_ids import require_mask_token
 
         self.model = model
         self.tokenizer = tokenizer
@@ -131,7 +131,7 @@ def create_app(settings: ServerSettings | None = None, *, model=None, tokenizer=
     """The FastAPI app.
 
     * ``model`` + ``tokenizer``: serve an already loaded model with a decoding thread in this process;
-    * ``engine`` (a started :class:`~serving.engine_process.RemoteEngine`) + ``tokenizer``: the model
+    * ``engine`` (a started :class:`~dllm.serving.engine_process.RemoteEngine`) + ``tokenizer``: the model
       lives in the engine process (what ``dllm serve`` does by default);
     * neither: load ``settings.model`` in the background (``settings.engine_process`` picks where).
     """
@@ -297,7 +297,7 @@ def _guess_param(message: str, candidates) -> str | None:
 
 
 def _build_config(state: ServerState, req, max_tokens: int) -> tuple[DiffusionGenerationConfig, bool]:
-    from decoding.registry import StrategyError, check_compatible, get_strategy
+    from dllm.decoding.registry import StrategyError, check_compatible, get_strategy
 
     b = state.bundle
     s = state.settings

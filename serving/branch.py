@@ -1,7 +1,7 @@
 """``--branch-parallel N``: hand LoPA branch evaluation to N worker processes.
 
 The executor itself belongs to ``decoding`` (it runs LoPA rounds over torch.distributed). The
-server only needs this contract from ``decoding.branch_parallel``::
+server only needs this contract from ``dllm.decoding.branch_parallel``::
 
     executor = BranchParallelExecutor(model_path, world_size=N, dtype=..., device=...)
     executor.generate(input_ids, attention_mask=..., generation_config=..., streamer=..., tokenizer=...)
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 
-MODULE = "decoding.branch_parallel"
+MODULE = "dllm.decoding.branch_parallel"
 CLASS = "BranchParallelExecutor"
 
 

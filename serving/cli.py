@@ -6,10 +6,7 @@ import logging
 
 import typer
 
-
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
+from dllm.cli_common import fail
 
 
 def _cannot_listen(host: str, port: int) -> str | None:
@@ -77,10 +74,10 @@ def serve(
     try:
         import uvicorn
     except ImportError:
-        _fail("the server needs the serving extras: pip install 'dllm[serving]'")
+        fail("the server needs the serving extras: pip install 'dllm[serving]'")
         return
-    from dllm.generation.config import parse_overrides
-    from dllm.loading import CheckpointError
+    from dllm.decoding.config import parse_overrides
+    from dllm.errors import CheckpointError
 
     from .api import ModelBundle, create_app, load_bundle
     from .branch import BranchParallelUnavailable, start_executor
@@ -97,10 +94,10 @@ def serve(
                                   branch_parallel=branch_parallel, engine_process=engine_process, dtype=dtype,
                                   device=device, num_threads=num_threads)
     except ValueError as err:
-        _fail(str(err))
+        fail(str(err))
         return
     if reason := _cannot_listen(host, port):  # before the model loads: that can take minutes for a 7B
-        _fail(f"cannot listen on {host}:{port}: {reason} (is another server running? choose another --port)")
+        fail(f"cannot listen on {host}:{port}: {reason} (is another server running? choose another --port)")
         return
     remote = None
     if engine_process:
@@ -114,7 +111,7 @@ def serve(
                 executor_class()  # missing executor: say so here, not from inside the engine process
             state.load_remote()  # the engine process loads the model; its errors come back as text
         except (BranchParallelUnavailable, CheckpointError, ValueError, OSError, RuntimeError) as err:
-            _fail(str(err))
+            fail(str(err))
             return
         remote, tokenizer = state.engine, state.bundle.tokenizer
     else:
@@ -137,7 +134,7 @@ def serve(
     except (BranchParallelUnavailable, CheckpointError, ValueError, OSError, RuntimeError) as err:
         if executor is not None:
             executor.close()
-        _fail(str(err))
+        fail(str(err))
         return
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         typer.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)

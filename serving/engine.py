@@ -12,13 +12,13 @@ the next decoding step (hence also ``stream_interval_ms``).
 
 Rows leave as soon as they finish (the decoding loop retires finished and cancelled rows at once,
 so they stop costing compute) and **join a running call** where the decoding loop supports it
-(continuous batching, ``decoding.joining``: the semi-AR strategies at every block boundary, D2F
+(continuous batching, ``dllm.decoding.joining``: the semi-AR strategies at every block boundary, D2F
 before every forward): the loop polls ``_Streamer.admit_rows``, which hands over waiting requests
 with the same config, in arrival order, while the head of the queue is such a request and the
 rows fit in ``max_batch_size`` (an incompatible request at the head stops joining, so the call
 drains and that request runs next: nothing starves). In D2F calls a request joins only while the
 running rows' forward windows span at most ``join_max_spread_blocks`` blocks
-(``decoding.joining.may_join``): staggered rows make every forward cover the union of their windows.
+(``dllm.decoding.joining.may_join``): staggered rows make every forward cover the union of their windows.
 Joining is opt-in (``join=True``, ``dllm serve --join``): with short answers on CPU it measured slower than
 batching between calls (docs/serving.md). Other strategies (LoPA, d3LLM) take new
 rows between ``generate`` calls only. At temperature 0 a joined row gives the same text as when it runs
@@ -44,11 +44,11 @@ from typing import Any
 
 import torch
 
-from decoding.streaming import BatchStreamer
-from dllm.generation.config import DiffusionGenerationConfig
+from dllm.decoding.config import DiffusionGenerationConfig
+from dllm.decoding.streaming import BatchStreamer
+from dllm.decoding.textstream import RowText
 
 from .errors import ServingError, internal, queue_full
-from .textstream import RowText
 
 log = logging.getLogger("dllm.serving")
 
@@ -139,7 +139,7 @@ class EngineRequest:
 
 
 class _Streamer(BatchStreamer):
-    """The decoding loop's view of a batch (see ``decoding.streaming.BatchStreamer``)."""
+    """The decoding loop's view of a batch (see ``dllm.decoding.streaming.BatchStreamer``)."""
 
     def __init__(self, engine: Engine, rows: list[Row], requests: list[EngineRequest]) -> None:
         self.engine = engine
@@ -512,8 +512,8 @@ class Engine:
 
 
 def _as_error(err: Exception) -> ServingError:
-    from decoding.registry import StrategyError
-    from dllm.generation.config import GenerationConfigError
+    from dllm.decoding.config import GenerationConfigError
+    from dllm.decoding.registry import StrategyError
 
     if isinstance(err, (GenerationConfigError, StrategyError)):
         return ServingError(400, str(err))

@@ -8,7 +8,7 @@ engine core into a separate process for the same reason.
 
 :class:`RemoteEngine` (API process) has the interface the routes use (``submit`` returning a
 request with ``events``/``event_batches``/``cancel``, ``queue_depth``, ``alive``, ``stop``).
-The engine process runs the unchanged :class:`~serving.engine.Engine` (scheduler, batching,
+The engine process runs the unchanged :class:`~dllm.serving.engine.Engine` (scheduler, batching,
 joining, streamer, detokenization, stop strings) on the model it loads itself, and talks to the API
 process over one pipe:
 
@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dllm.generation.config import DiffusionGenerationConfig
+from dllm.decoding.config import DiffusionGenerationConfig
 
 from .engine import Engine, EngineRequest, Event
 from .errors import ServingError, internal, queue_full
@@ -56,7 +56,7 @@ class ModelInfo:
 
     @classmethod
     def from_model(cls, model, tokenizer) -> ModelInfo:
-        from dllm.loading import require_mask_token
+        from dllm.special_ids import require_mask_token
 
         base = model.diffusion_generation_config
         mask = base.mask_token_id if base.mask_token_id is not None else require_mask_token(model, tokenizer)
@@ -87,7 +87,7 @@ class _Series:
 
 
 class MetricsRecorder:
-    """Stands in for :class:`~serving.metrics.ServerMetrics` in the engine process."""
+    """Stands in for :class:`~dllm.serving.metrics.ServerMetrics` in the engine process."""
 
     def __init__(self) -> None:
         self._ops: list = []
@@ -281,7 +281,7 @@ class _Outstanding:
 
 
 class RemoteEngine:
-    """Starts the engine process and stands in for :class:`~serving.engine.Engine` in the API process."""
+    """Starts the engine process and stands in for :class:`~dllm.serving.engine.Engine` in the API process."""
 
     def __init__(self, spec: dict, *, max_queue: int, metrics=None) -> None:
         self.spec = spec

@@ -21,8 +21,8 @@ class ServerSettings:
             arrived for this long; and after a batch it waits (at most ``10 x`` this) for as many
             requests as that batch had (closed-loop clients send their next request at once).
         join: continuous batching (off by default): waiting requests join a running ``generate`` call at its next
-            join point (see ``serving.engine``); ``False``: new rows start only between calls.
-        join_max_spread: D2F admission bound, in blocks (``decoding.joining.may_join``): requests join
+            join point (see ``dllm.serving.engine``); ``False``: new rows start only between calls.
+        join_max_spread: D2F admission bound, in blocks (``dllm.decoding.joining.may_join``): requests join
             a running call only while its live rows' forward windows span at most this many blocks;
             ``None``: at every forward.
         stream_interval_ms: new text is handed to the responses after every decoding step, or every
@@ -34,7 +34,7 @@ class ServerSettings:
         max_stop / max_stop_length: how many stop strings, and how long each.
         branch_parallel: processes evaluating LoPA branches (needs the decoding executor).
         engine_process: decode in a separate process (what ``dllm serve`` does): the HTTP event loop
-            and the decoding loop then do not share one GIL (``serving.engine_process``). ``False``:
+            and the decoding loop then do not share one GIL (``dllm.serving.engine_process``). ``False``:
             a decoding thread in the server process (``create_app(model=...)`` always works this way).
         generation_defaults: generation options (``DiffusionGenerationConfig`` fields) laid over the
             checkpoint's ``generation_config.json`` for every request; a request's own fields still
@@ -70,7 +70,7 @@ class ServerSettings:
     generation_defaults: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from dllm.generation.config import check_option_names
+        from dllm.decoding.config import check_option_names
 
         check_option_names(self.generation_defaults)  # a GenerationConfigError is a ValueError
         for name in ("max_batch_size", "max_queue", "max_body_bytes", "max_prompt_tokens", "max_tokens_cap",

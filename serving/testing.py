@@ -28,7 +28,7 @@ def build_checkpoint(directory: str | Path, *, seed: int = 0, block_causal: bool
     """
     import torch
 
-    from dllm.generation.config import DiffusionGenerationConfig
+    from dllm.decoding.config import DiffusionGenerationConfig
     from dllm.modeling import LLaDAConfig, LLaDAModelLM
     from dllm.tokenization import build_tokenizer, special_token_ids
 

@@ -1,4 +1,4 @@
-"""Training: masked-diffusion SFT and D2F distillation on a shared engine (see ``training.engine``)."""
+"""Training: masked-diffusion SFT and D2F distillation on a shared engine (see ``dllm.training.engine``)."""
 
 from .config import ConfigError, DistillConfig, SFTConfig, TrainConfig, load_config
 from .engine import RunDirInUse, RunResult, Trainer, TrainingDiverged

@@ -1,4 +1,5 @@
-"""``dllm train sft|distill --config RECIPE [key=value ...] [--resume]`` (also ``python -m training.cli``)."""
+"""``dllm train sft|distill|grpo --config RECIPE [key=value ...] [--resume]`` and ``dllm train grpo-report``
+(mounted by ``dllm.cli``; also ``python -m dllm.training.cli``)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ from pathlib import Path
 
 import typer
 
+from dllm.cli_common import fail
+
 train_app = typer.Typer(help="Train diffusion LMs: masked-diffusion SFT, D2F distillation and TPF-aware GRPO.",
                         no_args_is_help=True, add_completion=False)
 
-_CONFIG = typer.Option(None, "--config", "-c", help="YAML recipe (e.g. recipes/tiny-sft.yaml)")
+_CONFIG = typer.Option(None, "--config", "-c", help="YAML recipe (e.g. recipes/tiny-sft.yaml, recipes/grpo-tiny.yaml)")
 _RESUME = typer.Option(False, "--resume", help="continue the run in run_dir from its latest checkpoint")
-_OVERRIDES = typer.Argument(None, help="key=value overrides with dotted keys, e.g. optim.lr=3e-4 data.tasks.gsm=2")
+_OVERRIDES = typer.Argument(None, help="key=value overrides with dotted keys, e.g. optim.lr=3e-4 data.tasks.gsm=2 "
+                                                  "loss.beta=0")
 _PRINT = typer.Option(False, "--print-config",
                       help="print the resolved config (recipe + overrides, every key) as YAML and exit")
 
@@ -26,37 +30,50 @@ def print_config(cfg) -> None:
     typer.echo(yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
 
 
+def _load(kind: str, config: Path | None, overrides: list[str]):
+    from .config import DistillConfig, SFTConfig, load_config
+
+    if kind == "grpo":
+        from .grpo import load_grpo_config
+
+        return load_grpo_config(config, overrides)
+    return load_config(SFTConfig if kind == "sft" else DistillConfig, config, overrides)
+
+
+def _trainer(kind: str):
+    if kind == "sft":
+        from .sft import SFTTrainer
+
+        return SFTTrainer
+    if kind == "distill":
+        from .distill import DistillTrainer
+
+        return DistillTrainer
+    from .grpo import GRPOTrainer
+
+    return GRPOTrainer
+
+
 def _run(kind: str, config: Path | None, overrides: list[str] | None, resume: bool, show: bool = False) -> None:
-    from .config import ConfigError, DistillConfig, SFTConfig, load_config
+    from dllm.errors import CheckpointError
+    from dllm.eval.tasks.jsonl import DataFileError
+
+    from .config import ConfigError
     from .engine import RunDirInUse, TrainingDiverged
 
-    cls = SFTConfig if kind == "sft" else DistillConfig
     try:
-        cfg = load_config(cls, config, list(overrides or []) + (["resume=true"] if resume else []))
+        cfg = _load(kind, config, list(overrides or []) + (["resume=true"] if resume else []))
     except ConfigError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2) from None
+        fail(str(err))
     if show is True:  # called as a plain function the default is typer's OptionInfo, which is truthy
         print_config(cfg)
         return
-    if kind == "sft":
-        from .sft import SFTTrainer as trainer_cls
-    else:
-        from .distill import DistillTrainer as trainer_cls
-    from dllm.loading import CheckpointError
-    from eval.tasks.jsonl import DataFileError
-
     try:
-        result = trainer_cls(cfg).run()
-    except (ConfigError, CheckpointError, DataFileError) as err:  # found only once the run reads its inputs
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2) from None
+        result = _trainer(kind)(cfg).run()
+    except (ConfigError, CheckpointError, DataFileError, RunDirInUse) as err:  # found once the run reads its inputs
+        fail(str(err))
     except TrainingDiverged as err:
-        typer.echo(f"error: training diverged: {err}", err=True)
-        raise typer.Exit(1) from None
-    except RunDirInUse as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2) from None
+        fail(f"training diverged: {err}", code=1)
     if result.status == "interrupted":
         typer.echo(f"interrupted at step {result.step}; checkpoint {result.checkpoint}; "
                    f"resume with: --config {config} --resume", err=True)
@@ -78,8 +95,153 @@ def distill(config: Path = _CONFIG, overrides: list[str] = _OVERRIDES, resume: b
     _run("distill", config, overrides, resume, show)
 
 
+@train_app.command(context_settings={"allow_extra_args": False})
+def grpo(config: Path = _CONFIG, overrides: list[str] = _OVERRIDES, resume: bool = _RESUME,
+         show: bool = _PRINT) -> None:
+    """TPF-aware GRPO (LightningRL): rollouts through the decoder, accuracy + TPF rewards, PPO update."""
+    _run("grpo", config, overrides, resume, show)
+
+
+_TRAINED = typer.Argument(..., help="the GRPO model (e.g. runs/grpo-tiny/final)")
+_BASE = typer.Option("tiny-d2f", "--base", help="the model GRPO started from (bundled name or directory)")
+_RUN_DIR = typer.Option(None, "--run-dir", help="the GRPO run (metrics.csv, eval.csv) to plot curves from")
+_SUITES = typer.Option(None, "--suites", help="comma list (default: the run's data.tasks)")
+_N = typer.Option(100, "--n", help="held-out (test split) examples per suite")
+_STRATEGIES = typer.Option("threshold,d2f", "--strategies", help="greedy decoders to measure")
+_MAX_NEW = typer.Option(None, "--max-new-tokens", help="canvas length (default: the run's)")
+_THRESHOLD = typer.Option(0.9, "--threshold", help="threshold (threshold) / skip_threshold (d2f)")
+_THREADS = typer.Option(2, "--threads")
+_OUT = typer.Option(Path("docs/results/grpo-tiny"), "--out", help="writes report.json, report.md, curves.png")
+
+
+@train_app.command("grpo-report")
+def grpo_report(
+    trained: Path = _TRAINED,
+    base: str = _BASE,
+    run_dir: Path = _RUN_DIR,
+    suites: str = _SUITES,
+    n: int = _N,
+    strategies: str = _STRATEGIES,
+    max_new_tokens: int = _MAX_NEW,
+    threshold: float = _THRESHOLD,
+    threads: int = _THREADS,
+    out: Path = _OUT,
+) -> None:
+    """Before/after accuracy and TPF on held-out prompts (greedy), plus the run's training curves."""
+    import json
+
+    import torch
+    import yaml
+
+    from dllm.cli_common import USER_ERRORS
+    from dllm.errors import CheckpointError
+    from dllm.loading import load_model, resolve_model_path
+    from dllm.tokenization import load_tokenizer
+
+    from .rollouts import evaluate_decoding
+
+    torch.set_num_threads(threads)
+    info = {}
+    info_file = Path(trained) / "training_info.json"
+    if info_file.exists():
+        info = json.loads(info_file.read_text()).get("config", {})
+    elif run_dir is not None and (Path(run_dir) / "config.yaml").exists():
+        info = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+    tasks = info.get("data", {}).get("tasks", {})
+    suite_list = suites.split(",") if suites else [k for k, v in tasks.items() if float(v) > 0] or ["arith"]
+    g = max_new_tokens or info.get("data", {}).get("max_new_tokens") or 64
+    try:
+        trained_path, base_path = resolve_model_path(trained), resolve_model_path(base)
+    except CheckpointError as err:
+        fail(str(err))
+    try:  # before the evaluation: a report that cannot be written is lost with it
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        fail(f"cannot create {out}: {err.strerror or err}")
+    try:
+        tok = load_tokenizer(trained_path)
+        rows: dict = {}
+        for label, path in (("base", base_path), ("grpo", trained_path)):
+            model = load_model(path)
+            block = info.get("rollout", {}).get("block_length")
+            if block is None:
+                block = model.spec.block_size if model.is_block_causal else model.diffusion_generation_config.block_length
+            if block and g % block:
+                block = None
+            for strategy in [s.strip() for s in strategies.split(",") if s.strip()]:
+                cfg = model.diffusion_generation_config.replace(
+                    strategy=strategy, temperature=0.0, max_new_tokens=g, block_length=block,
+                    stop_at_eos=True, mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
+                    **({"skip_threshold": threshold} if strategy == "d2f" else {"threshold": threshold}))
+                rows[(label, strategy)] = evaluate_decoding(model, tok, suite_list, n, cfg)
+                typer.echo(f"{label:5s} {strategy:10s} acc {rows[(label, strategy)]['acc']:.3f} "
+                           f"tpf {rows[(label, strategy)]['tpf']:.3f}", err=True)
+    except USER_ERRORS as err:
+        fail(str(err))
+    lines = [(f"Held-out test prompts: {', '.join(suite_list)} ({n} each), greedy, max_new_tokens={g}, "
+              f"threshold={threshold}."), "",
+             "| decoder | model | accuracy | mean TPF | TPF (Σtokens/Σforwards) | TPF x | Δacc (points) |",
+             "|---|---|---|---|---|---|---|"]
+    for strategy in dict.fromkeys(s for _, s in rows):
+        b = rows[("base", strategy)]
+        for label in ("base", "grpo"):
+            r = rows[(label, strategy)]
+            lines.append(f"| {strategy} | {label} | {100 * r['acc']:.1f}% | {r['tpf']:.2f} | {r['tpf_ratio']:.2f} | "
+                         f"{r['tpf'] / max(b['tpf'], 1e-9):.2f} | {100 * (r['acc'] - b['acc']):+.1f} |")
+    per_suite = ["", "| decoder | model | " + " | ".join(f"{s} acc / TPF" for s in suite_list) + " |",
+                 "|---|---|" + "---|" * len(suite_list)]
+    for (label, strategy), r in rows.items():
+        per_suite.append(f"| {strategy} | {label} | " + " | ".join(
+            f"{100 * r[f'{s}_acc']:.1f}% / {r[f'{s}_tpf']:.2f}" for s in suite_list) + " |")
+    text = "\n".join(lines + per_suite) + "\n"
+    (out / "report.md").write_text(text)
+    (out / "report.json").write_text(json.dumps({f"{k[0]}/{k[1]}": v for k, v in rows.items()}, indent=2) + "\n")
+    typer.echo(text)
+    if run_dir is not None:
+        plot_curves(Path(run_dir), out / "curves.png")
+        typer.echo(f"wrote {out / 'curves.png'}", err=True)
+
+
+def plot_curves(run_dir: Path, png: Path) -> None:
+    """Training curves of a GRPO run: rollout TPF / accuracy / kept ratio per RL step, held-out eval."""
+    import csv
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def read(name):
+        path = run_dir / name
+        return list(csv.DictReader(path.open())) if path.exists() else []
+
+    def col(rows, key):
+        pts = [(int(r["step"]), float(r[key])) for r in rows if r.get(key) not in (None, "")]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    metrics, evals = read("metrics.csv"), read("eval.csv")
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for key, label in (("tpf", "rollout TPF (T=1)"), ("accuracy", "rollout accuracy"), ("kept_ratio", "kept groups")):
+        axes[0 if key == "tpf" else 1].plot(*col(metrics, key), label=label, alpha=0.8)
+    for key in (k for k in (evals[0].keys() if evals else []) if k.endswith("/tpf")):
+        axes[0].plot(*col(evals, key), "o-", label=f"held-out {key} (greedy)")
+    for key in (k for k in (evals[0].keys() if evals else []) if k.endswith("/acc")):
+        axes[1].plot(*col(evals, key), "o-", label=f"held-out {key} (greedy)")
+    for key in ("kl", "clip_frac", "nll"):
+        axes[2].plot(*col(metrics, key), label=key, alpha=0.8)
+    for ax, title in zip(axes, ("TPF", "accuracy / kept ratio", "KL, clip fraction, NLL")):
+        ax.set_title(title)
+        ax.set_xlabel("RL step")
+        ax.legend(fontsize=7)
+    axes[2].set_yscale("symlog", linthresh=1e-3)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
-    train_app(prog_name="dllm train")
+    train_app(prog_name="python -m dllm.training.cli")
 
 
 if __name__ == "__main__":

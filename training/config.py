@@ -312,7 +312,7 @@ def validate(cfg: TrainConfig) -> None:
         bad(f"data.eos_pad={cfg.data.eos_pad!r}; valid: fixed, random")
     if cfg.data.mix not in ("per_batch", "per_example"):
         bad(f"data.mix={cfg.data.mix!r}; valid: per_batch, per_example")
-    from eval.tasks import suite_names
+    from dllm.eval.tasks import suite_names
 
     if unknown := sorted(set(cfg.data.tasks) - set(suite_names())):
         bad(f"data.tasks names unknown suites {unknown}; valid suites: {', '.join(suite_names())}")
@@ -321,7 +321,7 @@ def validate(cfg: TrainConfig) -> None:
         bad(f"data.tasks / data.files weights must be numbers >= 0; check {bad_weights}")
     if sum(float(w) for w in weights.values()) <= 0:
         bad("data.tasks and data.files need at least one source with a positive weight")
-    from eval.tasks.jsonl import DataFileError, read_records
+    from dllm.eval.tasks.jsonl import DataFileError, read_records
 
     for path, w in cfg.data.files.items():
         try:  # every line now, not after a large model has loaded
@@ -379,7 +379,7 @@ def _is_weight(w) -> bool:
 
 def suite_options_error(data: DataSection) -> str | None:
     """Why ``data.suite_options`` cannot build the training suites, or None."""
-    from eval.tasks import get_suite
+    from dllm.eval.tasks import get_suite
 
     trained = [k for k, v in data.tasks.items() if float(v) > 0]
     unknown = sorted(set(data.suite_options) - set(trained))

@@ -11,7 +11,7 @@ which is where greedy decoding starts, and the best-scoring one is kept. Problem
 and those where the canonical answer scores best or within ``--margin`` nats of the best, keep the
 canonical answer and are left out of the table.
 
-    python -m training.countdown_answers --model runs/sft/final --out runs/cd-table.json
+    python -m dllm.training.countdown_answers --model runs/sft/final --out runs/cd-table.json
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import torch
 
 def training_problems() -> list[tuple[tuple[int, ...], int]]:
     """Every training-split (sorted numbers, target) pair of the countdown suite."""
-    from eval.tasks.base import split_of_key
-    from eval.tasks.countdown import MAX_NUMBER, MAX_TARGET, MIN_NUMBER, MIN_TARGET, N_NUMBERS, all_solutions
+    from dllm.eval.tasks.base import split_of_key
+    from dllm.eval.tasks.countdown import MAX_NUMBER, MAX_TARGET, MIN_NUMBER, MIN_TARGET, N_NUMBERS, all_solutions
 
     out = []
     for numbers in itertools.combinations_with_replacement(range(MIN_NUMBER, MAX_NUMBER + 1), N_NUMBERS):
@@ -42,7 +42,7 @@ def training_problems() -> list[tuple[tuple[int, ...], int]]:
 def score_answers(model, tokenizer, prompt: str, answers: list[str], gen_length: int, scored: int) -> list[float]:
     """Log-probability of each answer's first ``scored`` canvas tokens (answer, then EOS) given the
     prompt and a canvas of ``gen_length`` masks: all answers share one forward."""
-    from training.data import encode_answer, encode_prompt
+    from dllm.training.encoding import encode_answer, encode_prompt
 
     q = encode_prompt(tokenizer, prompt)
     mask_id, eos_id = tokenizer.mask_token_id, tokenizer.eos_token_id
@@ -63,7 +63,7 @@ def build_table(model, tokenizer, margin: float = 0.0, gen_length: int = 64, sco
                 problems: list[tuple[tuple[int, ...], int]] | None = None, progress: bool = True) -> dict:
     """The table (as written to JSON) and counts of what it changed, over ``problems`` (default:
     every training problem)."""
-    from eval.tasks.countdown import TABLE_FORMAT, all_solutions
+    from dllm.eval.tasks.countdown import TABLE_FORMAT, all_solutions
 
     problems = training_problems() if problems is None else problems
     from tqdm.auto import tqdm

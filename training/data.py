@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from .config import DataSection, suite_options_error
+from .encoding import encode_answer, encode_prompt
+from .files import FileSource, source_labels
 
 
 @dataclass
@@ -32,22 +34,6 @@ class Batch:
     def to(self, device) -> Batch:
         return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.prompt_length,
                      self.answer_mask.to(device), self.suites)
-
-
-def encode_prompt(tokenizer, prompt: str) -> list[int]:
-    """Token ids of the user turn plus the generation prompt: ``<|user|> prompt <|assistant|>``."""
-    return encode_messages(tokenizer, [{"role": "user", "content": prompt}])
-
-
-def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids of the chat turns through the chat template, ending with the generation prompt."""
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def encode_answer(tokenizer, answer: str) -> list[int]:
-    """Answer ids followed by one EOS (collate pads further with EOS)."""
-    return tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
 
 def collate(pairs: list[tuple[list[int], list[int]]], gen_length: int, pad_id: int, eos_id: int,
@@ -73,7 +59,7 @@ def collate(pairs: list[tuple[list[int], list[int]]], gen_length: int, pad_id: i
 def suite_texts(n_per_split: int = 1000, seed: int = 0) -> list[str]:
     """Prompts and answers of up to ``n_per_split`` train and test examples of every suite
     (the tokenizer's vocabulary); a split smaller than that contributes all it has."""
-    from eval.tasks import get_suite, suite_names
+    from dllm.eval.tasks import get_suite, suite_names
 
     texts = []
     for name in suite_names():
@@ -97,7 +83,7 @@ class TaskStream:
 
     Batch ``k`` of process ``rank`` depends only on (seed, rank, k): the source choice and the padding
     length come from ``Random((seed, rank, k))`` and examples are read from per-source cursors into
-    deterministic suite chunks or file epochs (``training.files``), so the stream's position is just
+    deterministic suite chunks or file epochs (``dllm.training.files``), so the stream's position is just
     (batches drawn, cursors) and resuming continues exactly where an uninterrupted run would be.
     ``max_length`` (the model's context) drops file examples whose prompt leaves no room for the
     answer region; ``notes`` says what each file contributed.
@@ -105,9 +91,8 @@ class TaskStream:
 
     def __init__(self, tokenizer, cfg: DataSection, batch_size: int, seed: int, rank: int = 0,
                  pad_multiple: int = 1, world_size: int = 1, max_length: int | None = None) -> None:
-        from eval.tasks import get_suite
+        from dllm.eval.tasks import get_suite
 
-        from .files import FileSource, source_labels
 
         self.tokenizer = tokenizer
         self.cfg = cfg

@@ -1,6 +1,6 @@
-"""Training data from your own JSON Lines files (the two accepted forms: ``eval.tasks.jsonl``).
+"""Training data from your own JSON Lines files (the two accepted forms: ``dllm.eval.tasks.jsonl``).
 
-Prompts go through the tokenizer's chat template and answers get one EOS, exactly as the task suites' examples do (``training.data``),
+Prompts go through the tokenizer's chat template and answers get one EOS, exactly as the task suites' examples do (``dllm.training.data``),
 so SFT and D2F distillation train on files and suites alike (``data.files`` in a recipe).
 
 A file is read, checked and tokenized once, when training starts. Examples that cannot fit are
@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import random
 
-from eval.tasks.jsonl import DataFileError, read_records, record_texts, source_labels
+from dllm.eval.tasks.jsonl import DataFileError, read_records, record_texts, source_labels
+
+from .encoding import encode_answer, encode_messages
 
 __all__ = ["DataFileError", "FileSource", "read_records", "record_texts", "source_labels"]
 
@@ -25,8 +27,6 @@ class FileSource:
 
     def __init__(self, path: str, label: str, tokenizer, max_new_tokens: int, seed: int, rank: int = 0,
                  world_size: int = 1, max_prompt_tokens: int | None = None) -> None:
-        from .data import encode_answer, encode_messages
-
         self.path, self.label = path, label
         self.seed, self.rank, self.world_size = seed, rank, max(1, world_size)
         records = read_records(path)

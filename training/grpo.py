@@ -12,11 +12,11 @@ One RL step, in one process, on the policy being trained (no file hand-offs):
 5. **Update**: ``loss.ppo_epochs`` x ``loss.minibatches`` optimizer steps of the PPO-clipped
    objective (sequence-level reduction) + β k3 KL to the frozen initial model (token mean) + µ NLL
    of verifier-correct rollouts (token mean), log-probs from the selected estimator
-   (``trajectory`` | ``block_masked`` | ``d1``, see ``training.rl_objectives``).
+   (``trajectory`` | ``block_masked`` | ``d1``, see ``dllm.training.rl_objectives``).
 
 ``max_steps`` counts RL steps. Checkpoints (accelerate state: policy, optimizer, scheduler, RNGs,
 prompt stream, mask generator) are written at RL-step boundaries, atomically, and resume is
-bit-identical. The shared engine (``training.engine.Trainer``) supplies the optimizer geometry,
+bit-identical. The shared engine (``dllm.training.engine.Trainer``) supplies the optimizer geometry,
 clipping, NaN guard, DeepSpeed batch geometry, logging, checkpoint and export helpers; its loop is
 SFT-shaped (one loss per streamed batch), so this trainer runs its own RL loop on those helpers.
 """
@@ -318,7 +318,7 @@ class GRPOTrainer(Trainer):
             merged, state_dict = copy.deepcopy(model).merge_and_unload(), None
         else:
             merged = model
-        from dllm.generation.config import CONFIG_NAME, FILE_KEY
+        from dllm.decoding.config import CONFIG_NAME, FILE_KEY
 
         src = getattr(self.core.config, "_name_or_path", None)
         src_file = Path(src) / CONFIG_NAME if src else None

@@ -227,7 +227,7 @@ def generation_defaults(tokenizer, max_new_tokens: int, block_size: int | None) 
     fields.update(max_new_tokens=int(-(-max_new_tokens // (block_size or 1)) * (block_size or 1)),
                   temperature=0.0, remasking="low_confidence", **ids)
     try:  # validate against the generation config when the decoding package is present
-        from dllm.generation.config import FILE_KEY, DiffusionGenerationConfig
+        from dllm.decoding.config import FILE_KEY, DiffusionGenerationConfig
 
         DiffusionGenerationConfig(**fields)
         # only the fields we choose: the rest keep the library's defaults as they evolve

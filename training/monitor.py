@@ -54,7 +54,7 @@ def completion_text(tokenizer, answer_ids: list[int]) -> str:
 def evaluate(model, tokenizer, suites: list[str], n: int, gen_length: int, block_size: int | None = None,
              batch_size: int = 64, seed: int = 0, return_details: bool = False):
     """Accuracy per suite (``correct`` of the suite's scorer) on the first ``n`` test examples."""
-    from eval.tasks import get_suite
+    from dllm.eval.tasks import get_suite
 
     was_training = model.training
     model.eval()
@@ -81,7 +81,7 @@ def evaluate(model, tokenizer, suites: list[str], n: int, gen_length: int, block
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m training.monitor MODEL_DIR [--n 100] [--gen-length 64] [--block-size 8]``"""
+    """``python -m dllm.training.monitor MODEL_DIR [--n 100] [--gen-length 64] [--block-size 8]``"""
     import argparse
 
     from dllm.loading import load_model, resolve_model_path

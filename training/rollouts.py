@@ -35,7 +35,7 @@ class PromptStream:
     """
 
     def __init__(self, tasks: dict, seed: int, rank: int = 0, chunk_size: int = 2048, mix: str = "per_example") -> None:
-        from eval.tasks import get_suite
+        from dllm.eval.tasks import get_suite
 
         weights = {k: float(v) for k, v in tasks.items() if float(v) > 0}
         if not weights:
@@ -69,7 +69,7 @@ class PromptStream:
         return self._chunk(name, c // self.chunk_size)[c % self.chunk_size]
 
     def next(self, n: int) -> list:
-        """The next ``n`` examples (``eval.tasks.Example``)."""
+        """The next ``n`` examples (``dllm.eval.tasks.Example``)."""
         rng = random.Random(f"grpo:{self.seed}:{self.rank}:{self.rounds}")
         self.rounds += 1
         if self.mix == "per_batch":
@@ -189,7 +189,7 @@ def generate_rollouts(
 ) -> Rollouts:
     """``group_size`` samples of each example through ``model.generate`` (``gen_cfg``: a
     DiffusionGenerationConfig; its ``seed`` is replaced per generate call from ``seed``)."""
-    from eval.tasks import get_suite
+    from dllm.eval.tasks import get_suite
 
     was_training = model.training
     model.eval()
@@ -242,7 +242,7 @@ def evaluate_decoding(model, tokenizer, suites: list[str], n: int, gen_cfg, *, b
     """Accuracy and mean per-sample TPF (LightningRL's reporting) on the first ``n`` test examples of
     each suite under ``gen_cfg`` (greedy unless it says otherwise). Keys: ``<suite>_acc``,
     ``<suite>_tpf``, ``acc``, ``tpf`` (means over all examples) and ``tpf_ratio`` (Σ tokens / Σ forwards)."""
-    from eval.tasks import get_suite
+    from dllm.eval.tasks import get_suite
 
     out: dict[str, float] = {}
     tot_ok, tot_tpf, tot_tok, tot_fw, count = 0, 0.0, 0, 0, 0

@@ -11,9 +11,9 @@ positions. So a round costs exactly one forward, and TPF counts rounds.
 
 Base rules:
 
-* block-causal model: the D2F pipeline (``decoding.loops.pipeline``), with the same tau_add,
+* block-causal model: the D2F pipeline (``dllm.decoding.loops.pipeline``), with the same tau_add,
   tau_act and tau_conf semantics and the exact block KV cache;
-* bidirectional model: semi-AR ``threshold`` decoding (``decoding.loops.semi_ar``) with the
+* bidirectional model: semi-AR ``threshold`` decoding (``dllm.decoding.loops.semi_ar``) with the
   configured cache (``dual`` is the reference setting; ``prefix`` and ``none`` also work).
 
 Conventions:
@@ -59,7 +59,7 @@ nothing is copied when the winner changes:
   in every forward, so again nothing needs committing. ``refresh_interval`` would refresh in the
   middle of a block while branches differ, so it is rejected.
 
-Branch parallelism (``decoding.branch_parallel``) spreads the branch groups over processes. Each
+Branch parallelism (``dllm.decoding.branch_parallel``) spreads the branch groups over processes. Each
 process owns the cache rows of its groups, and the same no-op argument holds across processes.
 """
 
@@ -71,12 +71,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from decoding.loops.pipeline import IN_CACHE, TO_CACHE, RowPlan
-from decoding.policies import select_above, select_best, select_threshold
-from decoding.runner import ModelRunner
-from decoding.sampling import llada_choice, neg_entropy
-from decoding.state import DecodeState
-from dllm.modeling import DiffusionKVCache
+from dllm.decoding.loops.pipeline import IN_CACHE, TO_CACHE, RowPlan
+from dllm.decoding.policies import select_above, select_best, select_threshold
+from dllm.decoding.runner import ModelRunner
+from dllm.decoding.sampling import llada_choice, neg_entropy
+from dllm.decoding.state import DecodeState
+from dllm.modeling.kv_cache import DiffusionKVCache
 
 NEG_INF = float("-inf")
 

@@ -22,7 +22,7 @@ row has not appended yet are invisible to it (block-causal mask, or key-padding 
 row's decisions equal its single-row run.
 
 Rows may join a running D2F batch before any forward (``BatchStreamer.admit_rows``; see
-``decoding.joining``): a new row's prompt block is fed by the next forward together with its first
+``dllm.decoding.joining``): a new row's prompt block is fed by the next forward together with its first
 block, as in its single-row run.
 """
 
@@ -32,11 +32,11 @@ from dataclasses import dataclass
 
 import torch
 
-from decoding.joining import joining_enabled, may_join, poll
-from decoding.policies import select_above, select_best
-from decoding.runner import ModelRunner
-from decoding.sampling import entropy, llada_choice, llada_token
-from decoding.state import DecodeState
+from dllm.decoding.joining import joining_enabled, may_join, poll
+from dllm.decoding.policies import select_above, select_best
+from dllm.decoding.runner import ModelRunner
+from dllm.decoding.sampling import entropy, llada_choice, llada_token
+from dllm.decoding.state import DecodeState
 
 ACTIVE, TO_CACHE, IN_CACHE = "active", "to_cache", "in_cache"
 

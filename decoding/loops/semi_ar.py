@@ -11,7 +11,7 @@ recomputes:
   fresh K/V replace the stale ones in place.
 ``refresh_interval`` additionally recomputes everything every N steps inside a block.
 
-Rows may join at block boundaries (``BatchStreamer.admit_rows``; see ``decoding.joining``): a new
+Rows may join at block boundaries (``BatchStreamer.admit_rows``; see ``dllm.decoding.joining``): a new
 row's prompt ends at the current block start, and rows leave once their own ``num_blocks`` blocks
 are done, so the loop runs until no row is left.
 
@@ -25,16 +25,16 @@ from __future__ import annotations
 
 import torch
 
-from decoding.joining import joining_enabled, poll
-from decoding.policies import (
+from dllm.decoding.joining import joining_enabled, poll
+from dllm.decoding.policies import (
     quota_schedule,
     select_factor,
     select_threshold,
     select_top_k,
 )
-from decoding.runner import ModelRunner
-from decoding.sampling import dream_choice, llada_choice
-from decoding.state import DecodeState
+from dllm.decoding.runner import ModelRunner
+from dllm.decoding.sampling import dream_choice, llada_choice
+from dllm.decoding.state import DecodeState
 
 DREAM_ALGS = {"entropy": "entropy", "margin": "margin", "maskgit_plus": "maskgit_plus"}
 

@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from .config import DiffusionGenerationConfig
+from dllm.decoding.config import DiffusionGenerationConfig
+from dllm.decoding.engine import generate as decode
 
 
 class DiffusionGenerationMixin:
@@ -42,13 +43,11 @@ class DiffusionGenerationMixin:
         """Decode completions for left-padded prompts.
 
         Returns prompt + completion ids [batch, prompt + max_new_tokens] (the tail after EOS is EOS),
-        or a :class:`decoding.DiffusionGenerateOutput` with ``return_dict_in_generate=True``.
+        or a :class:`dllm.decoding.state.DiffusionGenerateOutput` with ``return_dict_in_generate=True``.
         Keyword overrides replace fields of the config for this call only.
         """
-        from decoding import generate as run
-
         cfg = generation_config or self.diffusion_generation_config
         if overrides:
             cfg = cfg.replace(**overrides)
-        out = run(self, input_ids, attention_mask, cfg, streamer=streamer, tokenizer=tokenizer)
+        out = decode(self, input_ids, attention_mask, cfg, streamer=streamer, tokenizer=tokenizer)
         return out if cfg.return_dict_in_generate else out.sequences

@@ -24,7 +24,8 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
-from ..generation.mixin import DiffusionGenerationMixin
+from dllm.generation.mixin import DiffusionGenerationMixin
+
 from .attention_backends import check_backend, requested_backend
 from .configuration import CoreSpec, DreamConfig, LLaDAConfig
 from .kv_cache import DiffusionKVCache

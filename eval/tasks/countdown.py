@@ -245,7 +245,7 @@ def load_answer_table(path: str) -> dict[str, str]:
         raise ValueError(f"answer_table {path!r} is not readable JSON: {e}") from None
     if not isinstance(data, dict) or data.get("format") != TABLE_FORMAT or not isinstance(data.get("answers"), dict):
         raise ValueError(f"answer_table {path!r} is not a {TABLE_FORMAT} file "
-                         "(python -m training.countdown_answers writes one)")
+                         "(python -m dllm.training.countdown_answers writes one)")
     table: dict[str, str] = {}
     for key, expression in data["answers"].items():
         try:
@@ -317,7 +317,7 @@ class CountdownSuite(TaskSuite):
     ``answers="table"`` with ``answer_table=PATH`` (training option) teaches, for each problem the
     table lists, the solving expression it names, and the canonical one otherwise. The problems drawn
     are the default ones (same random stream); only their reference answers change.
-    ``python -m training.countdown_answers`` writes such a table with the solution a given model
+    ``python -m dllm.training.countdown_answers`` writes such a table with the solution a given model
     finds most likely, so the taught answer is unique per problem (unlike ``any``) yet need not be the
     enumeration's first.
     """

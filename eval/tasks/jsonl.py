@@ -4,7 +4,7 @@
     {"messages": [{"role": "user", "content": "..."}, ..., {"role": "assistant", "content": "..."}]}
 
 In the chat form the last message is the answer and must be the assistant's; the messages before
-it (system, user and earlier assistant turns) are the prompt. ``training.files`` trains on such
+it (system, user and earlier assistant turns) are the prompt. ``dllm.training.files`` trains on such
 files (``data.files`` in a recipe); :class:`FileSuite` scores a model on one (``dllm bench --suite
 my.jsonl``) by exact match, the way the task suites are scored.
 """
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .base import Example, Score, TaskSuite, count_tokens
+from .builtin import suite_names
 
 RESPONSE_KEYS = ("response", "completion", "answer")
 FORMS = ('{"prompt": ..., "response": ...} (or "completion" / "answer") or '
@@ -90,8 +91,6 @@ def record_texts(paths) -> list[str]:
 
 def source_labels(paths) -> dict[str, str]:
     """A short, unique label per file (its stem; ``-2``, ``-3`` ... on a clash) for logs and resume state."""
-    from . import suite_names
-
     taken = set(suite_names())
     labels = {}
     for p in paths:

@@ -71,7 +71,7 @@ def test_dry_confidence_rows(dry):
     _, data = dry
     rows = [r for r in data["rows"] if r["section"] == "confidence"]
     try:
-        import dllm.kernels.confidence  # noqa: F401
+        import dllm.decoding.kernels.confidence  # noqa: F401
     except ImportError:
         assert rows and rows[0]["note"].startswith("skipped")
         return

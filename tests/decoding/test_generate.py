@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from decoding import StrategyError
+from dllm.decoding import StrategyError
 from dllm.generation import DiffusionGenerationConfig, GenerationConfigError
 from dllm.testing import EOS, MASK, PAD, tiny_dream, tiny_llada
 from dllm.text import left_pad
@@ -280,7 +280,7 @@ def test_config_json_roundtrip_and_file(tmp_path, model):
 
 @pytest.mark.parametrize("strategy", ["threshold", "d2f"])
 def test_batch_streamer_rows_and_cancellation(model, bc_model, strategy):
-    from decoding.streaming import CollectingBatchStreamer
+    from dllm.decoding.streaming import CollectingBatchStreamer
 
     m = bc_model if strategy == "d2f" else model
     prompts = [_prompt(1, n, seed=n)[0].tolist() for n in (5, 8)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoding.joining import may_join, supports_joining
-from decoding.streaming import CollectingBatchStreamer
+from dllm.decoding.joining import may_join, supports_joining
+from dllm.decoding.streaming import CollectingBatchStreamer
 from dllm.generation import DiffusionGenerationConfig
 from dllm.testing import EOS, PAD, tiny_dream, tiny_llada
 from dllm.text import left_pad
@@ -173,7 +173,7 @@ def test_d2f_with_a_spread_bound_polls_only_inside_it_and_joined_rows_equal_sing
                 return [_ids(7, 3), _ids(11, 4)]
             return []
 
-    from decoding.loops import pipeline
+    from dllm.decoding.loops import pipeline
 
     real = pipeline.may_join
 

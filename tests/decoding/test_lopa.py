@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from decoding.loops import lopa
-from decoding.loops.lopa import (
+from dllm.decoding.loops import lopa
+from dllm.decoding.loops.lopa import (
     branch_scores,
     select_winners,
     top_lookaheads,
     use_branch_executor,
 )
-from decoding.sampling import neg_entropy
+from dllm.decoding.sampling import neg_entropy
 from dllm.generation import DiffusionGenerationConfig, GenerationConfigError
 from dllm.testing import EOS, MASK, PAD, tiny_dream, tiny_llada
 from dllm.text import left_pad

@@ -133,15 +133,15 @@ def test_generate_reads_prompts_from_stdin_in_batches(ckpt, monkeypatch):
 
 
 def test_generate_stream_prints_the_same_text_as_it_commits(ckpt, monkeypatch):
-    import dllm.cli
+    import dllm.decoding.cli as generate_cli
 
     # vanilla over the whole canvas: one token per forward, several commits to stream
     args = ["generate", "reverse : Ann Bob", "--model", str(ckpt), "--strategy", "vanilla", "--set", "stop_at_eos=false"]
     r = CliRunner().invoke(app, args + ["--json"])
     [plain] = [json.loads(line) for line in r.output.splitlines() if line.startswith("{")]
     chunks = []
-    real_write = dllm.cli._write
-    monkeypatch.setattr(dllm.cli, "_write", lambda text: (chunks.append(text), real_write(text)))
+    real_write = generate_cli._write
+    monkeypatch.setattr(generate_cli, "_write", lambda text: (chunks.append(text), real_write(text)))
     r = CliRunner().invoke(app, args + ["--stream"])
     assert r.exit_code == 0, r.output
     text, status = r.output.rstrip("\n").rsplit("\n", 1)

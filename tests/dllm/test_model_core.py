@@ -7,8 +7,9 @@ import torch
 from transformers import AutoConfig, AutoModel
 
 import dllm
-from dllm.loading import CheckpointError, check_device, load_model, require_mask_token
+from dllm.loading import CheckpointError, check_device, load_model
 from dllm.modeling import block_ids, build_attention_mask
+from dllm.special_ids import require_mask_token
 from dllm.testing import EOS, MASK, PAD, tiny_dream, tiny_llada
 
 TOL = 1e-5

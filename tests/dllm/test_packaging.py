@@ -1,6 +1,6 @@
-"""The built wheel carries what an installed dllm needs outside the repository: every package,
-both bundled models and the licence. Installing the wheel into a folder and importing from
-another directory then runs without the source tree."""
+"""The built wheel carries what an installed dllm needs outside the repository: every package, under
+the one import root `dllm`, both bundled models and the licence. Installing the wheel into a folder
+and importing from another directory then runs without the source tree."""
 
 import importlib.metadata
 import os
@@ -48,8 +48,14 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_wheel_holds_packages_bundled_models_and_licence(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for pkg in ("dllm", "decoding", "training", "serving", "eval"):
+    top_level = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top_level == {"dllm"}  # nothing generic (eval/, training/, ...) lands in site-packages
+    for pkg in ("dllm", "dllm/decoding", "dllm/decoding/kernels", "dllm/decoding/loops", "dllm/training",
+                "dllm/serving", "dllm/eval", "dllm/eval/tasks"):
         assert f"{pkg}/__init__.py" in names
+    for folder in ("decoding", "training", "serving", "eval"):  # every module of the repository folders
+        for path in (REPO / folder).rglob("*.py"):
+            assert f"dllm/{folder}/{path.relative_to(REPO / folder).as_posix()}" in names, path
     for model_dir in sorted(p for p in BUNDLED.iterdir() if p.is_dir()):
         shipped = {f.name for f in model_dir.iterdir() if f.is_file()}
         assert {"config.json", "model.safetensors", "tokenizer.json"} <= shipped
@@ -82,3 +88,23 @@ def test_installed_wheel_generates_outside_the_repository(wheel, tmp_path):
                          capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().splitlines()[-1] == '"Cal Bob Ann"'
+
+
+def _make_dry_run(*args: str) -> str:
+    run = subprocess.run(["make", "-n", "-B", "venv", "VENV=/nonexistent/venv", *args], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.replace("\\\n", " ")
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_makefile_never_installs_torch_from_an_unpinned_index():
+    """torch comes from a local wheel (no network) or PyTorch's CPU index, never from whatever index
+    pip would search by default (PyPI's torch is the CUDA build on Linux); the index is overridable."""
+    [line] = [x for x in _make_dry_run().splitlines() if "torch==" in x and "pip install" in x]
+    installs = [part for part in line.split("||") if "pip install" in part]
+    assert len(installs) == 2
+    assert "--no-index" in installs[0] and "--no-deps" in installs[0]
+    assert '--index-url "https://download.pytorch.org/whl/cpu"' in installs[1]
+    gpu = _make_dry_run("TORCH_INDEX=https://download.pytorch.org/whl/cu128")
+    assert '--index-url "https://download.pytorch.org/whl/cu128"' in gpu

@@ -5,9 +5,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from dllm.eval.bench import BenchSpecError, Method, apply_sweep, method_aup, parse_methods
 from dllm.generation import DiffusionGenerationConfig
 from dllm.testing import save_tiny_checkpoint
-from eval.bench import BenchSpecError, Method, apply_sweep, method_aup, parse_methods
 
 
 def test_parse_methods_with_parameters():
@@ -89,7 +89,7 @@ def test_bench_cli_end_to_end(ckpt, tmp_path):
 def test_bench_cli_seed_selects_another_held_out_sample(ckpt, tmp_path, monkeypatch):
     """--seed reaches the sampler (it was once accepted and ignored) and is recorded in the JSON."""
     from dllm.cli import _mount_subcommands, app
-    from eval.tasks import base
+    from dllm.eval.tasks import base
 
     _mount_subcommands()
     drawn = []
@@ -112,8 +112,8 @@ def test_bench_cli_seed_selects_another_held_out_sample(ckpt, tmp_path, monkeypa
 
 
 def test_suite_categories():
-    from eval.bench import _natural
-    from eval.tasks import get_suite
+    from dllm.eval.bench import _natural
+    from dllm.eval.tasks import get_suite
 
     for name, pattern in (("arith", r"[+*-][123]"), ("lists", r"[a-z_]+"), ("gsm", r"[23] steps"),
                           ("sudoku", r"\d+ blanks")):
@@ -202,7 +202,7 @@ def test_ctrl_c_keeps_the_batches_every_strategy_finished(ckpt, tmp_path, monkey
 
 
 def test_label_groups_merge_coinciding_points():
-    from eval.bench import label_groups
+    from dllm.eval.bench import label_groups
 
     rows = [{"label": "d2f", "tpf": 4.92, "accuracy": 94.5},
             {"label": "lopa k=2", "tpf": 6.04, "accuracy": 91.5},
@@ -220,7 +220,7 @@ def test_label_groups_merge_coinciding_points():
 def test_pareto_plot_names_many_methods_in_a_legend(tmp_path, monkeypatch):
     import matplotlib.axes
 
-    from eval.bench import LABELS_ON_POINTS_MAX, pareto_plot
+    from dllm.eval.bench import LABELS_ON_POINTS_MAX, pareto_plot
 
     calls = {"annotate": 0, "legend_labels": []}
     real_legend = matplotlib.axes.Axes.legend

@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from eval.metrics import accuracy, aup, aup_weight, count_generated_tokens, latency_percentiles, percentile, tpf
-from eval.tasks import Score
+from dllm.eval.metrics import accuracy, aup, aup_weight, count_generated_tokens, latency_percentiles, percentile, tpf
+from dllm.eval.tasks import Score
 
 
 def test_count_generated_tokens():

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from eval.tasks import Example, count_tokens, get_suite, resolve_suites, split_of_key, suite_names
-from eval.tasks.lists import ListsSuite
+from dllm.eval.tasks import Example, count_tokens, get_suite, resolve_suites, split_of_key, suite_names
+from dllm.eval.tasks.lists import ListsSuite
 
 NAMES = ["arith", "gsm", "lists", "sudoku", "countdown"]
 
@@ -65,7 +65,7 @@ def test_deterministic_and_prefix_stable(name):
 
 _DIGEST_CODE = """
 import hashlib, json
-from eval.tasks import get_suite, suite_names
+from dllm.eval.tasks import get_suite, suite_names
 rows = [[e.id, e.prompt, e.answer, e.meta] for n in suite_names() for e in get_suite(n).examples("test", 30)]
 print(hashlib.sha1(json.dumps(rows, sort_keys=True).encode()).hexdigest())
 """
@@ -157,7 +157,7 @@ def test_lists_ops_subset():
 
 
 def test_small_problem_space_raises():
-    from eval.tasks.base import Problem, Score, TaskSuite
+    from dllm.eval.tasks.base import Problem, Score, TaskSuite
 
     class Tiny(TaskSuite):
         name, max_prompt_tokens, max_answer_tokens = "tiny", 5, 5

@@ -4,16 +4,16 @@ import random
 
 import pytest
 
-from eval.tasks import Example, get_suite
-from eval.tasks.countdown import extract_expression, solutions
-from eval.tasks.expression import (
+from dllm.eval.tasks import Example, get_suite
+from dllm.eval.tasks.countdown import extract_expression, solutions
+from dllm.eval.tasks.expression import (
     ExpressionSyntaxError,
     ExpressionValueError,
     parse_expression,
 )
-from eval.tasks.lists import ListsSuite
-from eval.tasks.sudoku import all_solutions, count_completions, format_grid, solve
-from eval.tasks.words import NAMES
+from dllm.eval.tasks.lists import ListsSuite
+from dllm.eval.tasks.sudoku import all_solutions, count_completions, format_grid, solve
+from dllm.eval.tasks.words import NAMES
 
 
 def _ex(name, split="test", n=250):
@@ -218,7 +218,7 @@ def test_countdown_generated_answers():
 
 
 def test_countdown_any_answers_draws_among_all_solutions():
-    from eval.tasks.countdown import all_solutions
+    from dllm.eval.tasks.countdown import all_solutions
 
     canonical, anyans = get_suite("countdown"), get_suite("countdown", answers="any")
     exs = anyans.examples("train", 400)
@@ -295,7 +295,7 @@ def test_countdown_steps_answers_are_scored_like_their_expression():
 
 
 def test_countdown_steps_training_answers():
-    from eval.tasks.countdown import render_steps
+    from dllm.eval.tasks.countdown import render_steps
 
     assert render_steps("3 * 5 + 7") == "3 * 5 = 15 , 15 + 7 = 22"
     assert render_steps("3 * ( 7 - 5 )") == "7 - 5 = 2 , 3 * 2 = 6"  # operand order kept
@@ -309,7 +309,7 @@ def test_countdown_steps_training_answers():
 
 
 def test_countdown_chain_answers_are_scored_like_their_steps():
-    from eval.tasks.countdown import chain_to_steps
+    from dllm.eval.tasks.countdown import chain_to_steps
 
     suite = get_suite("countdown")
     e = Example("x", "countdown", "numbers 3 5 7 target 22 :", "3 * 5 + 7", {"numbers": [3, 5, 7], "target": 22})
@@ -336,7 +336,7 @@ def test_countdown_chain_answers_are_scored_like_their_steps():
 
 
 def test_countdown_chain_training_answers():
-    from eval.tasks.countdown import all_solutions, render_chain
+    from dllm.eval.tasks.countdown import all_solutions, render_chain
 
     assert render_chain("3 * 5 + 7") == "3 * 5 = 15 + 7 = 22"
     assert render_chain("3 * ( 7 - 5 )") == "7 - 5 = 2 * 3 = 6"  # commutative outer op: operands swapped
@@ -413,8 +413,8 @@ def _table_file(tmp_path, answers, fmt="dllm-countdown-answers"):
 
 
 def test_countdown_answer_table_changes_only_the_taught_answers(tmp_path):
-    from eval.tasks.base import split_of_key
-    from eval.tasks.countdown import all_solutions
+    from dllm.eval.tasks.base import split_of_key
+    from dllm.eval.tasks.countdown import all_solutions
 
     base = get_suite("countdown").examples("train", 400)
     # the last solving expression of every problem in the first 200 that has several
@@ -437,7 +437,7 @@ def test_countdown_answer_table_changes_only_the_taught_answers(tmp_path):
 
 
 def test_countdown_answer_table_rejects_bad_tables(tmp_path):
-    from eval.tasks.base import split_of_key
+    from dllm.eval.tasks.base import split_of_key
 
     test_key = get_suite("countdown").examples("test", 1)[0].meta["key"]
     train = get_suite("countdown").examples("train", 1)[0]

@@ -5,8 +5,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from eval.tasks import get_suite, resolve_suites
-from eval.tasks.jsonl import DataFileError, FileSuite, is_data_file
+from dllm.eval.tasks import get_suite, resolve_suites
+from dllm.eval.tasks.jsonl import DataFileError, FileSuite, is_data_file
 
 
 def _write(path, rows):

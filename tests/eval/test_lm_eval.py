@@ -8,10 +8,10 @@ import torch
 
 pytest.importorskip("lm_eval")
 
+from dllm.eval.lm_eval_adapter import mc_loglikelihood  # noqa: E402
+from dllm.eval.tasks import get_suite  # noqa: E402
 from dllm.generation import DiffusionGenerationConfig  # noqa: E402
 from dllm.testing import save_tiny_checkpoint  # noqa: E402
-from eval.lm_eval_adapter import mc_loglikelihood  # noqa: E402
-from eval.tasks import get_suite  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_lm_eval_cli_on_local_tasks(ckpt, tmp_path, monkeypatch):
     d, _, _ = ckpt
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    from eval.lm_eval_adapter import main
+    from dllm.eval.lm_eval_adapter import main
 
     out = tmp_path / "out"
     main(["--model", "dllm", "--model_args", f"pretrained={d}/ckpt,strategy=threshold,threshold=0.5,mc_num=2,mc_batch_size=2",

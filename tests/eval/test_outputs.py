@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from eval.outputs import IMAGE_FORMATS, OutputPathError, check_output_args, prepare_output_file
+from dllm.eval.outputs import IMAGE_FORMATS, OutputPathError, check_output_args, prepare_output_file
 
 
 def test_prepare_output_file_creates_the_folder_and_writes_nothing(tmp_path):

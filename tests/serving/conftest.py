@@ -9,10 +9,10 @@ import httpx
 import pytest
 import torch
 
-from serving.api import create_app, load_bundle
-from serving.settings import ServerSettings
-from serving.testing import TEST_MODEL as MODEL
-from serving.testing import build_checkpoint, running_server
+from dllm.serving.api import create_app, load_bundle
+from dllm.serving.settings import ServerSettings
+from dllm.serving.testing import TEST_MODEL as MODEL
+from dllm.serving.testing import build_checkpoint, running_server
 
 
 @pytest.fixture(scope="session")

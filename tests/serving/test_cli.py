@@ -14,8 +14,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from serving import branch
-from serving.testing import build_checkpoint, free_socket
+from dllm.serving import branch
+from dllm.serving.testing import build_checkpoint, free_socket
 
 
 def free_port() -> int:
@@ -61,7 +61,7 @@ def test_startup_errors_are_clear(ckpt, monkeypatch):
                                     str(free_port())])
     assert r.exit_code == 2 and "threshold must be in [0, 1]" in r.output and "Traceback" not in r.output
     # without the decoding executor, --branch-parallel N > 1 refuses to start (never silently single-process)
-    monkeypatch.setattr(branch, "MODULE", "decoding.no_such_executor")
+    monkeypatch.setattr(branch, "MODULE", "dllm.decoding.no_such_executor")
     r = CliRunner().invoke(_app(), ["serve", "--model", str(ckpt), "--branch-parallel", "2"])
     assert r.exit_code == 2 and "--branch-parallel" in r.output and "executor" in r.output
 
@@ -116,9 +116,9 @@ def test_serve_process_with_branch_parallel_workers(ckpt):
 
 
 def test_app_loads_its_model_in_the_background(ckpt, one_thread):
-    from serving.api import create_app
-    from serving.settings import ServerSettings
-    from serving.testing import running_server
+    from dllm.serving.api import create_app
+    from dllm.serving.settings import ServerSettings
+    from dllm.serving.testing import running_server
 
     with running_server(create_app(ServerSettings(model=str(ckpt), served_model_name="bg"))) as url:
         assert httpx.get(url + "/health").status_code == 200

@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from serving.testing import TEST_MODEL as MODEL
-from serving.testing import build_checkpoint
+from dllm.serving.testing import TEST_MODEL as MODEL
+from dllm.serving.testing import build_checkpoint
 
 PROMPTS = [f"{a} {b} {c}" for a in ("the", "a", "what", "how") for b in ("cat", "dog", "sum", "list")
            for c in ("sat", "ran")]  # 32 prompts of varying tokens

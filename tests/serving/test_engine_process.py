@@ -1,4 +1,4 @@
-"""The engine in its own process (``serving.engine_process``, ``dllm serve`` by default).
+"""The engine in its own process (``dllm.serving.engine_process``, ``dllm serve`` by default).
 
 Same answers, usage and forward counts as the in-process engine; metrics cross the process
 boundary; concurrent requests batch; disconnects cancel; a dead engine fails requests instead of
@@ -18,13 +18,13 @@ import time
 import httpx
 import pytest
 
-from serving.api import create_app
-from serving.engine_process import MetricsRecorder, RemoteEngine, apply_metric_ops
-from serving.errors import ServingError, queue_full
-from serving.metrics import ServerMetrics
-from serving.settings import ServerSettings
-from serving.testing import TEST_MODEL as MODEL
-from serving.testing import build_checkpoint, running_server
+from dllm.serving.api import create_app
+from dllm.serving.engine_process import MetricsRecorder, RemoteEngine, apply_metric_ops
+from dllm.serving.errors import ServingError, queue_full
+from dllm.serving.metrics import ServerMetrics
+from dllm.serving.settings import ServerSettings
+from dllm.serving.testing import TEST_MODEL as MODEL
+from dllm.serving.testing import build_checkpoint, running_server
 
 PROMPTS = ["the cat sat on the mat", "what is two plus three", "sort the list : red blue green", "hello world"]
 
@@ -207,7 +207,7 @@ def test_queue_limit_is_counted_in_the_api_process():
     engine = RemoteEngine({}, max_queue=1, metrics=ServerMetrics())  # not started: messages go nowhere
 
     async def go():
-        from dllm.generation.config import DiffusionGenerationConfig
+        from dllm.decoding.config import DiffusionGenerationConfig
 
         cfg = DiffusionGenerationConfig()
         first = engine.submit([[1, 2]], n=1, cfg=cfg, max_tokens=4)
@@ -228,12 +228,12 @@ def test_queue_limit_is_counted_in_the_api_process():
 
 
 def test_events_reach_their_requests_and_finish_them():
-    from serving.engine import Event
+    from dllm.serving.engine import Event
 
     engine = RemoteEngine({}, max_queue=8, metrics=ServerMetrics())
 
     async def go():
-        from dllm.generation.config import DiffusionGenerationConfig
+        from dllm.decoding.config import DiffusionGenerationConfig
 
         req = engine.submit([[1]], n=2, cfg=DiffusionGenerationConfig(), max_tokens=4)
         ops = [("batch_size", (), "observe", 2.0), ("generation_tokens", (), "inc", 3.0)]

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from dllm.generation import DiffusionGenerationConfig, GenerationConfigError
+from dllm.serving.engine import Engine
+from dllm.serving.errors import ServingError
+from dllm.serving.testing import WORDS
 from dllm.tokenization import build_tokenizer
-from serving.engine import Engine
-from serving.errors import ServingError
-from serving.testing import WORDS
 
 TOK = build_tokenizer([WORDS])
 WORD = TOK.convert_tokens_to_ids("▁cat")

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from serving.testing import TEST_MODEL as MODEL
+from dllm.serving.testing import TEST_MODEL as MODEL
 
 FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "seed",
           "stop", "stream", "stream_options", "echo", "logprobs", "best_of", "suffix", "user", "presence_penalty",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from serving.settings import ServerSettings
-from serving.testing import TEST_MODEL as MODEL
+from dllm.serving.settings import ServerSettings
+from dllm.serving.testing import TEST_MODEL as MODEL
 
 
 def _settings_echo(url: str, **extra) -> dict:

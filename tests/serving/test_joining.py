@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from serving.testing import TEST_MODEL as MODEL
-from serving.testing import build_checkpoint
+from dllm.serving.testing import TEST_MODEL as MODEL
+from dllm.serving.testing import build_checkpoint
 
 
 def _metric(url: str, name: str) -> float:
@@ -73,9 +73,9 @@ def test_request_arriving_mid_call_joins_it_and_streams_before_the_first_ends(se
 
 def test_admission_keeps_arrival_order_batch_size_and_isolation():
     from dllm.generation import DiffusionGenerationConfig
+    from dllm.serving.engine import Engine, _Streamer
+    from dllm.serving.testing import WORDS
     from dllm.tokenization import build_tokenizer
-    from serving.engine import Engine, _Streamer
-    from serving.testing import WORDS
 
     cfg = DiffusionGenerationConfig(max_new_tokens=16, block_length=8)
     other = cfg.replace(threshold=0.5)
@@ -103,10 +103,10 @@ def test_admission_keeps_arrival_order_batch_size_and_isolation():
 
 def test_no_join_engine_admits_nothing_and_passes_the_spread_bound_to_the_decoder():
     from dllm.generation import DiffusionGenerationConfig
+    from dllm.serving.engine import Engine, _Streamer
+    from dllm.serving.settings import ServerSettings
+    from dllm.serving.testing import WORDS
     from dllm.tokenization import build_tokenizer
-    from serving.engine import Engine, _Streamer
-    from serving.settings import ServerSettings
-    from serving.testing import WORDS
 
     cfg = DiffusionGenerationConfig(max_new_tokens=16, block_length=8)
 

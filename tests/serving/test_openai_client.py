@@ -7,8 +7,8 @@ import openai
 import pytest
 import torch
 
-from serving.testing import TEST_MODEL as MODEL
-from serving.testing import build_checkpoint
+from dllm.serving.testing import TEST_MODEL as MODEL
+from dllm.serving.testing import build_checkpoint
 
 PROMPTS = ["the cat sat on the mat", "what is two plus three", "sort the list : red blue green", "hello world"]
 

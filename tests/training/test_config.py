@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from training.config import ConfigError, DistillConfig, SFTConfig, load_config, valid_keys
+from dllm.training.config import ConfigError, DistillConfig, SFTConfig, load_config, valid_keys
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -105,8 +105,8 @@ def test_print_config_is_a_recipe_that_loads_to_the_same_config(kind, recipe, tm
     from typer.testing import CliRunner
 
     from dllm.cli import _mount_subcommands, app
-    from training.config import to_dict
-    from training.grpo import load_grpo_config
+    from dllm.training.config import to_dict
+    from dllm.training.grpo import load_grpo_config
 
     _mount_subcommands()
     path = Path(__file__).resolve().parents[2] / "recipes" / recipe

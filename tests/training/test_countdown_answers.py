@@ -5,12 +5,12 @@ import json
 import pytest
 import torch
 
+from dllm.eval.tasks import get_suite
+from dllm.eval.tasks.base import split_of_key
+from dllm.eval.tasks.countdown import all_solutions, load_answer_table
 from dllm.loading import load_model
-from eval.tasks import get_suite
-from eval.tasks.base import split_of_key
-from eval.tasks.countdown import all_solutions, load_answer_table
-from training.countdown_answers import build_table, main, score_answers, training_problems
-from training.data import encode_answer, encode_prompt
+from dllm.training.countdown_answers import build_table, main, score_answers, training_problems
+from dllm.training.encoding import encode_answer, encode_prompt
 
 
 @pytest.fixture(scope="module")

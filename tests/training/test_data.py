@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.config import DataSection, SFTConfig, load_config
-from training.data import TaskStream, encode_answer, encode_prompt
-from training.sft import SFTTrainer
+from dllm.training.config import DataSection, SFTConfig, load_config
+from dllm.training.data import TaskStream
+from dllm.training.encoding import encode_answer, encode_prompt
+from dllm.training.sft import SFTTrainer
 
 from .conftest import micro_overrides
 
@@ -109,7 +110,7 @@ def test_suite_options_reweight_the_training_stream_only(tokenizer):
     ("data.suite_options.lists=copy", "must be a mapping"),
 ])
 def test_bad_suite_options_fail_when_the_config_loads(override, message):
-    from training.config import ConfigError
+    from dllm.training.config import ConfigError
 
     from .conftest import REPO
 

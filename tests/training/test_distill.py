@@ -10,9 +10,9 @@ import torch
 
 from dllm.modeling import LLaDAConfig, LLaDAModelLM
 from dllm.tokenization import special_token_ids
-from training.config import DistillConfig, load_config
-from training.data import collate
-from training.distill import DistillTrainer
+from dllm.training.config import DistillConfig, load_config
+from dllm.training.data import collate
+from dllm.training.distill import DistillTrainer
 
 from .conftest import MICRO_MODEL
 
@@ -39,7 +39,7 @@ def _overrides(tmp_path, teacher_dir, **extra):
 
 def test_loss_is_soft_ce_from_bidirectional_teacher_to_block_causal_student(monkeypatch, tmp_path, teacher_dir,
                                                                                tokenizer):
-    import training.distill as mod
+    import dllm.training.distill as mod
 
     cfg = load_config(DistillConfig, None, _overrides(tmp_path, teacher_dir, teacher=str(teacher_dir)))
     trainer = DistillTrainer(cfg)

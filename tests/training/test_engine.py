@@ -13,10 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from training.checkpointing import list_checkpoints
-from training.config import SFTConfig, load_config
-from training.engine import RunDirInUse, TrainingDiverged
-from training.sft import SFTTrainer
+from dllm.training.checkpointing import list_checkpoints
+from dllm.training.config import SFTConfig, load_config
+from dllm.training.engine import RunDirInUse, TrainingDiverged
+from dllm.training.sft import SFTTrainer
 
 from .conftest import REPO, micro_overrides
 
@@ -39,7 +39,7 @@ def test_smoke_run_exports_a_loadable_model(tmp_path):
     tok = AutoTokenizer.from_pretrained(str(final))
     assert model.config.mask_token_id == tok.mask_token_id
     assert model.config.eos_token_id == tok.eos_token_id and model.config.pad_token_id == tok.pad_token_id
-    from dllm.generation.config import DiffusionGenerationConfig
+    from dllm.decoding.config import DiffusionGenerationConfig
 
     gen = DiffusionGenerationConfig.from_pretrained(final)
     assert gen.max_new_tokens == 8 and gen.mask_token_id == tok.mask_token_id
@@ -125,7 +125,7 @@ def test_gradient_guard_stops_on_a_finite_loss_with_non_finite_gradients(tmp_pat
 
 def test_sigterm_saves_a_valid_checkpoint_and_exits_cleanly(tmp_path):
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "training.cli", "sft", "--config", str(REPO / "recipes" / "smoke-sft.yaml"),
+    cmd = [sys.executable, "-m", "dllm.training.cli", "sft", "--config", str(REPO / "recipes" / "smoke-sft.yaml"),
            *micro_overrides(run, max_steps=100000, save_every=0)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -156,7 +156,7 @@ def test_sigterm_saves_a_valid_checkpoint_and_exits_cleanly(tmp_path):
 def test_resume_with_more_steps_follows_the_new_schedule(tmp_path):
     import csv
 
-    from training.engine import LRSchedule
+    from dllm.training.engine import LRSchedule
 
     SFTTrainer(load_config(SFTConfig, None, micro_overrides(tmp_path / "run", max_steps=4))).run()
     longer = load_config(SFTConfig, None, micro_overrides(tmp_path / "run", max_steps=8, resume="true"))
@@ -182,7 +182,7 @@ def test_resume_with_a_new_lr_and_schedule_uses_them(tmp_path):
 def test_result_mask_run_and_a_bad_trigger_is_a_clean_cli_error(tmp_path):
     from typer.testing import CliRunner
 
-    from training.cli import train_app
+    from dllm.training.cli import train_app
 
     over = micro_overrides(tmp_path / "run", max_steps=3, **{"data.tasks": "{gsm: 1}", "data.max_new_tokens": 64,
                                                              "result_mask_prob": 1.0})
@@ -197,7 +197,7 @@ def test_result_mask_run_and_a_bad_trigger_is_a_clean_cli_error(tmp_path):
 def test_missing_checkpoint_and_distill_without_path_are_clean_cli_errors(tmp_path):
     from typer.testing import CliRunner
 
-    from training.cli import train_app
+    from dllm.training.cli import train_app
 
     over = micro_overrides(tmp_path / "run", **{"model.path": str(tmp_path / "no-such-model")})
     res = CliRunner().invoke(train_app, ["sft", *over])
@@ -210,7 +210,7 @@ def test_missing_checkpoint_and_distill_without_path_are_clean_cli_errors(tmp_pa
 def test_folders_that_cannot_be_made_fail_before_training(tmp_path):
     from typer.testing import CliRunner
 
-    from training.cli import train_app
+    from dllm.training.cli import train_app
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 
-from training.config import ConfigError, DataSection, SFTConfig, load_config
-from training.data import TaskStream, encode_answer, encode_messages, encode_prompt
-from training.files import DataFileError, FileSource, read_records, source_labels
+from dllm.training.config import ConfigError, DataSection, SFTConfig, load_config
+from dllm.training.data import TaskStream
+from dllm.training.encoding import encode_answer, encode_messages, encode_prompt
+from dllm.training.files import DataFileError, FileSource, read_records, source_labels
 
 from .conftest import micro_overrides
 
@@ -170,7 +171,7 @@ def test_config_checks_files_and_weights(tmp_path):
         load_config(SFTConfig, None, [f"data.files={{{bad}: 1}}"])
     with pytest.raises(ConfigError, match="numbers >= 0"):
         load_config(SFTConfig, None, [f"data.files={{{f}: -1}}"])
-    from training.grpo import GRPOConfig, validate_grpo
+    from dllm.training.grpo import GRPOConfig, validate_grpo
 
     g = load_config(GRPOConfig, None, ["model.path=tiny-d2f"])
     g.data.files = {str(f): 1.0}
@@ -180,7 +181,7 @@ def test_config_checks_files_and_weights(tmp_path):
 
 def test_sft_from_scratch_on_a_file_alone(tmp_path, capsys):
     """No suite at all: the tokenizer is built from the file's words, and in-training eval says it is off."""
-    from training.sft import SFTTrainer
+    from dllm.training.sft import SFTTrainer
 
     f = _write(tmp_path / "mine.jsonl", [{"prompt": "greet Zorblax", "response": "hello Zorblax"},
                                           {"prompt": "greet Quux", "response": "hello Quux"}])
@@ -201,7 +202,7 @@ def test_sft_from_scratch_on_a_file_alone(tmp_path, capsys):
 def test_a_bad_data_file_is_a_one_line_cli_error(tmp_path):
     from typer.testing import CliRunner
 
-    from training.cli import train_app
+    from dllm.training.cli import train_app
 
     f = _write(tmp_path / "d.jsonl", _pairs(2) + ["{oops"])
     res = CliRunner().invoke(train_app, ["sft", *micro_overrides(tmp_path / "run", **{
@@ -218,7 +219,7 @@ def test_the_example_recipe_loads_and_its_data_is_what_the_script_writes(tmp_pat
     monkeypatch.chdir(repo)  # the recipe names its file relative to the repository root, as documented
     cfg = load_config(SFTConfig, repo / "recipes" / "tiny-own-data.yaml")
     assert cfg.data.files == {"recipes/data/reverse-sort-train.jsonl": 10.0} and cfg.model.path == "tiny"
-    from training.config import DistillConfig
+    from dllm.training.config import DistillConfig
 
     student = load_config(DistillConfig, repo / "recipes" / "tiny-d2f-own-data.yaml")
     assert student.teacher == "runs/tiny-own-data/final" and student.data.files == {
@@ -240,7 +241,7 @@ def test_the_example_recipe_loads_and_its_data_is_what_the_script_writes(tmp_pat
 def test_a_run_on_a_file_resumes_bit_identically(tmp_path):
     from safetensors.torch import load_file
 
-    from training.sft import SFTTrainer
+    from dllm.training.sft import SFTTrainer
 
     f = _write(tmp_path / "mine.jsonl", _pairs(5))  # 4 per micro-batch: epochs end mid-batch
 

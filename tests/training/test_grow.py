@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from dllm.testing import tiny_dream, tiny_llada
-from training.config import ConfigError, SFTConfig, load_config
-from training.models import grow_depth
-from training.sft import SFTTrainer
+from dllm.training.config import ConfigError, SFTConfig, load_config
+from dllm.training.models import grow_depth
+from dllm.training.sft import SFTTrainer
 
 from .conftest import micro_overrides
 

@@ -13,7 +13,7 @@ import torch
 
 from dllm.loading import load_model
 from dllm.testing import save_tiny_checkpoint
-from training.rl_objectives import (
+from dllm.training.rl_objectives import (
     block_masked_views,
     d1_views,
     loss_mask,
@@ -21,7 +21,7 @@ from training.rl_objectives import (
     trajectory_views,
     view_logprobs,
 )
-from training.rollouts import generate_rollouts, stop_point
+from dllm.training.rollouts import generate_rollouts, stop_point
 
 PROMPTS = ["What is 12 + 7 ?", "What is 3 * 45 ?", "What is 999 - 5 ?"]
 TOL = 2e-5
@@ -144,7 +144,7 @@ def _replay_check(model, tok, strategy, expect_eos):
     m = tok.mask_token_id
     torch.set_num_threads(1)
     from dllm.text import left_pad
-    from training.data import encode_prompt
+    from dllm.training.data import encode_prompt
 
     cfg = _gen_cfg(model, tok, strategy)
     checked, short = 0, 0
@@ -242,7 +242,7 @@ def test_stop_point_and_exact_canvas_tpf(bidir):
         found_eos = 0
         for i, prompt in enumerate(PROMPTS * 2):
             from dllm.text import left_pad
-            from training.data import encode_prompt
+            from dllm.training.data import encode_prompt
 
             ids, am = left_pad([encode_prompt(tok, prompt)], tok.pad_token_id)
             cfg = _gen_cfg(model, tok, "threshold", max_new_tokens=16, seed=100 + i)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from training.rl_objectives import (
+from dllm.training.rl_objectives import (
     accuracy_reward,
     advantages,
     batch_normalize,

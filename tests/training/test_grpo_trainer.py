@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 from dllm.testing import save_tiny_checkpoint
-from training.checkpointing import list_checkpoints
-from training.config import ConfigError
-from training.grpo import GRPOTrainer, load_grpo_config
-from training.rollouts import Rollouts, generate_rollouts
+from dllm.training.checkpointing import list_checkpoints
+from dllm.training.config import ConfigError
+from dllm.training.grpo import GRPOTrainer, load_grpo_config
+from dllm.training.rollouts import Rollouts, generate_rollouts
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "recipes" / "smoke-grpo.yaml"
@@ -52,7 +52,7 @@ def _trainer(ckpt, tmp_path, **extra) -> GRPOTrainer:
 
 
 def _fixed_batch(tr: GRPOTrainer):
-    from eval.tasks import get_suite
+    from dllm.eval.tasks import get_suite
 
     exs = get_suite("arith").examples("train", 3, seed=5)
     ro = generate_rollouts(tr.model, tr.tokenizer, exs, 4, tr.rollout_config, seed=1, truncated_is_wrong=False)
@@ -126,7 +126,7 @@ def _fake_rollouts(plan):
 
 
 def test_dynamic_sampling_refills_up_to_the_bound(ckpt, tmp_path, monkeypatch):
-    import training.grpo as grpo_mod
+    import dllm.training.grpo as grpo_mod
 
     ok, flat, fast = ([1, 0], [2.0, 3.0]), ([1, 1], [2.0, 2.0]), ([0, 0], [1.0, 4.0])
     plan = [[ok, flat, fast, ok], [flat, ok], [ok]]  # keep 2 of 4, then 1 of the 2 refilled, then the last
@@ -136,8 +136,8 @@ def test_dynamic_sampling_refills_up_to_the_bound(ckpt, tmp_path, monkeypatch):
                                      "rollout.max_refill_rounds": 2, "filter.require_correct": "true"})
     from accelerate import Accelerator
 
-    from training.grpo import GRPOState
-    from training.rollouts import PromptStream
+    from dllm.training.grpo import GRPOState
+    from dllm.training.rollouts import PromptStream
 
     state = GRPOState(PromptStream({"arith": 1}, 0, chunk_size=32), torch.Generator())
     batch, info = tr.collect(state, Accelerator(cpu=True))
@@ -247,7 +247,7 @@ def test_eval_threshold_is_separate_from_the_rollout_threshold(ckpt, tmp_path):
 
 def test_grpo_command_end_to_end_on_the_smoke_recipe(ckpt, tmp_path):
     """The smoke recipe through ``grpo(...)`` (the function ``dllm train grpo`` mounts), in < 30 s."""
-    from training.grpo_cli import grpo
+    from dllm.training.cli import grpo
 
     run = tmp_path / "smoke"
     over = [f"model.path={ckpt}", f"run_dir={run}", "num_threads=1", "filter.require_correct=false",
@@ -283,7 +283,7 @@ def test_grpo_command_end_to_end_on_the_smoke_recipe(ckpt, tmp_path):
 
 
 def test_report_before_after_and_curves(ckpt, tmp_path):
-    from training.grpo_cli import grpo, grpo_report
+    from dllm.training.cli import grpo, grpo_report
 
     run = tmp_path / "run"
     grpo(SMOKE, [f"model.path={ckpt}", f"run_dir={run}", "num_threads=1", "filter.require_correct=false",
@@ -339,7 +339,7 @@ def test_two_process_ddp_with_uneven_batches(ckpt, tmp_path):
         port = s.getsockname()[1]
     run = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-           "-m", "training.grpo_cli", "train", "--config", str(SMOKE), f"model.path={ckpt}", f"run_dir={run}",
+           "-m", "dllm.training.cli", "grpo", "--config", str(SMOKE), f"model.path={ckpt}", f"run_dir={run}",
            "num_threads=1", "filter.require_correct=false", "filter.tpf_range=0.45", "rollout.max_refill_rounds=0",
            "rollout.prompts_per_step=1", "rollout.threshold=0.3", "loss.minibatches=2", "max_steps=6",
            "eval_every=0", "save_every=0"]

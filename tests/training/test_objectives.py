@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dllm.testing import EOS, MASK, PAD, tiny_llada
-from training.data import collate
-from training.objectives import (
+from dllm.training.data import collate
+from dllm.training.objectives import (
     d2f_noise,
     distill_loss,
     monotonic_block_pmasks,
@@ -102,7 +102,7 @@ def test_sft_loss_token_weight_gamma_zero_is_plain_and_positive_favours_hard_tok
 
 
 def test_token_weight_gamma_is_validated():
-    from training.config import ConfigError, SFTConfig, validate
+    from dllm.training.config import ConfigError, SFTConfig, validate
 
     with pytest.raises(ConfigError, match="token_weight_gamma"):
         validate(SFTConfig(token_weight_gamma=-1.0))
@@ -110,8 +110,8 @@ def test_token_weight_gamma_is_validated():
 
 def test_sft_trainer_loss_uses_fixed_mask(monkeypatch, tokenizer):
     """SFTTrainer.compute_loss == hand CE/p/len with the mask forced (monkeypatched noise)."""
-    import training.sft as sft_mod
-    from training.config import SFTConfig
+    import dllm.training.sft as sft_mod
+    from dllm.training.config import SFTConfig
 
     model = tiny_llada()
     b = _batch()

@@ -1,6 +1,6 @@
 """training/precision.py: a run warns when bf16 autocast would be emulated on its CPU."""
 
-from training.precision import cpu_bf16_is_native, slow_precision_warning
+from dllm.training.precision import cpu_bf16_is_native, slow_precision_warning
 
 AVX2 = "processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma\n"
 BF16 = "processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 avx512f avx512_bf16\n"
@@ -25,9 +25,9 @@ def test_warning_only_for_emulated_bf16_on_cpu():
 
 
 def test_the_trainer_prints_it(tmp_path, monkeypatch, capsys):
-    import training.engine as engine
-    from training.config import SFTConfig, load_config
-    from training.sft import SFTTrainer
+    import dllm.training.engine as engine
+    from dllm.training.config import SFTConfig, load_config
+    from dllm.training.sft import SFTTrainer
 
     from .conftest import micro_overrides
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from dllm.eval.tasks import count_tokens, get_suite, suite_names
 from dllm.tokenization import build_tokenizer, load_tokenizer, pieces, save_tokenizer, special_token_ids, tag_origin
-from eval.tasks import count_tokens, get_suite, suite_names
 
 
 @pytest.fixture(scope="module")
 def plain_tokenizer():
     """The suites' tokenizer without number padding (recipes with ``model.pad_numbers: 0``)."""
-    from training.data import suite_texts
+    from dllm.training.data import suite_texts
 
     return build_tokenizer(suite_texts())
 
@@ -74,7 +74,7 @@ def test_special_tokens_and_save_load(tmp_path):
 
 @pytest.fixture(scope="module")
 def padded_tokenizer():
-    from training.data import suite_texts
+    from dllm.training.data import suite_texts
 
     return build_tokenizer(suite_texts(), pad_numbers=4)
 
@@ -86,7 +86,7 @@ def test_padded_numbers_have_a_fixed_width(padded_tokenizer, tmp_path):
     # Sudoku cells are not numbers: only the first of a run of space-separated digits is padded
     assert tok.tokenize("sudoku : 0 0 1 / 2 1") == ["▁sudoku", "▁:", "▁∅", "∅", "∅", "0", "▁0", "▁1", "▁/", "▁2", "▁1"]
     # the chat template's answer slot: padded answers decode to plain numbers, also token by token
-    from serving.textstream import IncrementalDetokenizer
+    from dllm.decoding.textstream import IncrementalDetokenizer
 
     ids = tok("7 . #### 42", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     detok = IncrementalDetokenizer(tok)
@@ -100,8 +100,8 @@ def test_padded_numbers_have_a_fixed_width(padded_tokenizer, tmp_path):
 
 
 def test_recipes_can_build_a_padded_tokenizer():
-    from training.config import ModelSection
-    from training.models import load_tokenizer_for
+    from dllm.training.config import ModelSection
+    from dllm.training.models import load_tokenizer_for
 
     plain = load_tokenizer_for(ModelSection())
     padded = load_tokenizer_for(ModelSection(pad_numbers=4))
@@ -113,8 +113,8 @@ def test_recipes_can_build_a_padded_tokenizer():
 def test_result_mask_finds_the_gsm_results(request, kind):
     import torch
 
-    from training.objectives import result_slots
-    from training.sft import result_token_ids
+    from dllm.training.objectives import result_slots
+    from dllm.training.sft import result_token_ids
 
     tokenizer = request.getfixturevalue("tokenizer" if kind == "bundled" else "tagged_tokenizer")
     triggers, numbers = result_token_ids(tokenizer, ["=", "#"])
@@ -130,21 +130,21 @@ def test_result_mask_finds_the_gsm_results(request, kind):
 
 @pytest.fixture(scope="module")
 def number_tokenizer():
-    from training.data import suite_texts
+    from dllm.training.data import suite_texts
 
     return build_tokenizer(suite_texts(), number_tokens=3)
 
 
 @pytest.fixture(scope="module")
 def tagged_tokenizer():
-    from training.data import suite_texts
+    from dllm.training.data import suite_texts
 
     return build_tokenizer(suite_texts(), pad_numbers=4, number_tags=True)
 
 
 @pytest.fixture(scope="module")
 def replaced_tokenizer():
-    from training.data import suite_texts
+    from dllm.training.data import suite_texts
 
     return build_tokenizer(suite_texts(), pad_numbers=4, number_tags=True, number_tag_style="replace")
 
@@ -224,7 +224,7 @@ def test_replace_style_tags_take_the_first_empty_digits_place(replaced_tokenizer
 
 
 def test_number_tag_digits_leaves_longer_numbers_untagged():
-    from training.data import suite_texts
+    from dllm.training.data import suite_texts
 
     tok = build_tokenizer(suite_texts(), pad_numbers=4, number_tags=True, number_tag_style="replace",
                           number_tag_digits=2)
@@ -236,7 +236,7 @@ def test_number_tag_digits_leaves_longer_numbers_untagged():
 
 
 def test_countdown_context_tags_only_countdown_prompt_numbers():
-    from training.data import suite_texts
+    from dllm.training.data import suite_texts
 
     texts = suite_texts()
     tok = build_tokenizer(texts, pad_numbers=4, number_tags=True, number_tag_style="replace",
@@ -261,7 +261,7 @@ def test_countdown_context_tags_only_countdown_prompt_numbers():
 
 
 def test_whole_style_tags_are_a_countdown_prompt_numbers_only_view():
-    from training.data import suite_texts
+    from dllm.training.data import suite_texts
 
     texts = suite_texts()
     tok = build_tokenizer(texts, pad_numbers=4, number_tags=True, number_tag_style="whole",
@@ -310,8 +310,8 @@ def test_bad_number_token_settings_are_refused(kwargs, match):
       "model.number_tag_context": "countdown"}, 20, "∅"),
 ])
 def test_a_recipe_can_train_with_number_tokens_or_tags(tmp_path, settings, canvas, third_piece):
-    from training.config import SFTConfig, load_config
-    from training.sft import SFTTrainer
+    from dllm.training.config import SFTConfig, load_config
+    from dllm.training.sft import SFTTrainer
 
     from .conftest import micro_overrides
 

@@ -8,9 +8,9 @@ import torch
 from dllm.loading import load_model
 from dllm.modeling import LLaDAConfig, LLaDAModelLM
 from dllm.tokenization import build_tokenizer, save_tokenizer, special_token_ids, tag_origin
-from training.config import ConfigError, DistillConfig, SFTConfig, load_config
-from training.data import suite_texts
-from training.models import match_vocabulary
+from dllm.training.config import ConfigError, DistillConfig, SFTConfig, load_config
+from dllm.training.data import suite_texts
+from dllm.training.models import match_vocabulary
 
 from .conftest import MICRO_MODEL, micro_overrides
 
@@ -125,7 +125,7 @@ def test_a_checkpoint_without_a_tokenizer_is_refused_when_ids_do_not_fit(tmp_pat
 
 def test_sft_from_a_checkpoint_with_a_bigger_tokenizer_exports_the_bigger_model(tmp_path, tokenizer,
                                                                                 bigger_tokenizer):
-    from training.sft import SFTTrainer
+    from dllm.training.sft import SFTTrainer
 
     path = _checkpoint(tmp_path / "ckpt", tokenizer)
     tok_dir = save_tokenizer(bigger_tokenizer, tmp_path / "tok")
@@ -136,7 +136,7 @@ def test_sft_from_a_checkpoint_with_a_bigger_tokenizer_exports_the_bigger_model(
 
 
 def test_distillation_refuses_a_teacher_on_another_vocabulary(tmp_path, tokenizer, bigger_tokenizer):
-    from training.distill import DistillTrainer
+    from dllm.training.distill import DistillTrainer
 
     path = _checkpoint(tmp_path / "ckpt", tokenizer)
     tok_dir = save_tokenizer(bigger_tokenizer, tmp_path / "tok")

@@ -1,4 +1,4 @@
-"""The Triton kernel behind :func:`dllm.kernels.confidence.confidence_stats`.
+"""The Triton kernel behind :func:`dllm.decoding.kernels.confidence.confidence_stats`.
 
 Imported lazily (only when the kernel runs), so importing ``dllm`` never imports ``triton`` and
 ``TRITON_INTERPRET=1`` can still be set by a process before its first kernel launch.

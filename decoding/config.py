@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import GenerationConfigError
+from .registry import strategy_names
+
 CONFIG_NAME = "generation_config.json"
 # Our keys live under this one key of generation_config.json so that transformers' own
 # GenerationConfig (which reads the same file) and ours never fight over a field.
@@ -17,10 +20,6 @@ CACHES = ("none", "prefix", "dual")
 REMASKING = ("low_confidence", "random")
 # LoPA branch confidence: max probability (the paper), or Dream's negative entropy (the reference for D2F-Dream)
 LOPA_CONFIDENCE = ("prob", "neg_entropy")
-
-
-class GenerationConfigError(ValueError):
-    """An invalid decoding setting; the message names the field, the value and what is allowed."""
 
 
 @dataclass(frozen=True)
@@ -75,8 +74,6 @@ class DiffusionGenerationConfig:
     def __post_init__(self) -> None:
         if isinstance(self.stop_strings, (list, str)):
             object.__setattr__(self, "stop_strings", (self.stop_strings,) if isinstance(self.stop_strings, str) else tuple(self.stop_strings))
-        from decoding.registry import strategy_names  # late: decoding imports this module
-
         _check_field_types(self)
         names = strategy_names()
         if self.strategy not in names:

@@ -1,6 +1,6 @@
 """make demo's program runs end to end (on small random checkpoints standing in for the bundled ones)."""
 
-from dllm.demo import main
+from dllm.eval.demo import main
 from dllm.generation import DiffusionGenerationConfig
 from dllm.testing import save_tiny_checkpoint
 

@@ -3,7 +3,7 @@
 CPU: the kernel runs under Triton's interpreter in a subprocess (``TRITON_INTERPRET=1`` must be set
 before triton is imported, and this pytest process may import triton elsewhere without it). The
 subprocess is this file run as a script: it rebuilds the deterministic inputs, runs the kernel
-(directly, through ``decoding.sampling`` with ``DLLM_FORCE_TRITON=1``, and inside
+(directly, through ``dllm.decoding.sampling`` with ``DLLM_FORCE_TRITON=1``, and inside
 ``model.generate``) and saves the outputs; the tests below recompute the PyTorch reference here
 and compare. CUDA: the ``gpu`` tests run the compiled kernel directly (vocab 126464).
 
@@ -22,9 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from decoding.policies import select_factor, select_threshold
-from decoding.sampling import dream_choice, entropy, llada_choice
-from dllm.kernels.confidence import (
+from dllm.decoding.kernels.confidence import (
     benchmark_confidence,
     confidence_stats,
     confidence_stats_reference,
@@ -33,6 +31,8 @@ from dllm.kernels.confidence import (
     triton_available,
     use_triton_kernels,
 )
+from dllm.decoding.policies import select_factor, select_threshold
+from dllm.decoding.sampling import dream_choice, entropy, llada_choice
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = "--interpreter-worker"
@@ -118,7 +118,7 @@ def _generate(model, kw, device="cpu", new_tokens=8):
 
 
 def _sampling_calls(x: torch.Tensor, seed: int) -> dict:
-    """decoding.sampling's kernel-backed entry points on one input (whatever dispatch decides)."""
+    """dllm.decoding.sampling's kernel-backed entry points on one input (whatever dispatch decides)."""
     out = {}
     for T in (0.0, 0.9):
         for remasking in ("low_confidence", "random"):
@@ -137,7 +137,7 @@ def _sampling_calls(x: torch.Tensor, seed: int) -> dict:
 def _worker(path: str) -> None:
     assert interpreter_mode()  # set in the environment before this process started
     torch.set_num_threads(1)
-    import dllm.kernels.confidence as conf_mod
+    import dllm.decoding.kernels.confidence as conf_mod
 
     res: dict = {}
     for n, v, d in GRID:
@@ -409,7 +409,7 @@ def test_kernel_compiles_for_cuda():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from dllm.kernels._confidence_triton import _confidence_kernel
+    from dllm.decoding.kernels._confidence_triton import _confidence_kernel
 
     for xdt, fp64, noise in (("*bf16", True, True), ("*bf16", False, False)):
         acc = "*fp64" if fp64 else "*fp32"

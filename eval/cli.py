@@ -1,4 +1,4 @@
-"""``dllm bench``: strategies side by side on the task suites (mounted by dllm.cli)."""
+"""``dllm bench`` (strategies side by side on the task suites) and ``dllm lm-eval`` (mounted by ``dllm.cli``)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import typer
+
+from dllm.cli_common import USER_ERRORS, fail, quiet_transformers
 
 
 def bench(
@@ -33,11 +35,10 @@ def bench(
     """Run decoding strategies side by side on the same prompts and print accuracy, TPF, NFE, speed and AUP."""
     import torch
 
-    from decoding.registry import StrategyError
-    from dllm.generation.config import GenerationConfigError
-    from dllm.loading import CheckpointError, load_model, resolve_model_path
+    from dllm.loading import load_model, resolve_model_path
     from dllm.text import load_tokenizer_for
-    from eval.bench import (
+
+    from .bench import (
         BenchInterrupted,
         BenchSpecError,
         apply_sweep,
@@ -47,11 +48,8 @@ def bench(
         parse_methods,
         run_bench,
     )
-    from eval.tasks import resolve_suites
-
-    def fail(msg: str) -> None:
-        typer.echo(f"error: {msg}", err=True)
-        raise typer.Exit(2)
+    from .outputs import IMAGE_FORMATS, OutputPathError, prepare_output_file
+    from .tasks import resolve_suites
 
     if n < 1:
         fail("--n must be >= 1")
@@ -59,17 +57,13 @@ def bench(
         fail("--batch-size must be >= 1")
     if threads < 1:
         fail("--threads must be >= 1")
-    from eval.outputs import IMAGE_FORMATS, OutputPathError, prepare_output_file
-
     for flag, out, formats in (("--plot", plot, IMAGE_FORMATS), ("--json", json_out, None)):
         try:  # before the run: a report that cannot be written is lost with it
             if out is not None:
                 prepare_output_file(out, formats)
         except OutputPathError as err:
             fail(f"{flag} {err}")
-    from dllm.cli import _quiet_transformers
-
-    _quiet_transformers()
+    quiet_transformers()
     torch.set_num_threads(threads)
     overrides = {k: v for k, v in {"max_new_tokens": max_new_tokens, "block_length": block_length}.items() if v}
     try:
@@ -80,7 +74,7 @@ def bench(
         tok = load_tokenizer_for(path)
         report = run_bench(m, tok, suites=suite, methods=methods, n=n, batch_size=batch_size,
                            seed=seed, base_overrides=overrides, progress=not no_progress)
-    except (BenchSpecError, CheckpointError, GenerationConfigError, StrategyError, ValueError) as err:
+    except (BenchSpecError, *USER_ERRORS) as err:
         fail(str(err))
         return
     except BenchInterrupted as stop:
@@ -104,3 +98,19 @@ def bench(
         typer.echo(f"wrote {plot}")
     if "interrupted" in report:
         raise typer.Exit(130)
+
+
+def lm_eval_command(ctx: typer.Context) -> None:
+    """lm-evaluation-harness with the `dllm` model registered (arguments go to lm-eval unchanged)."""
+    try:
+        from .lm_eval_adapter import main as lm_eval_main
+    except ImportError as err:
+        fail(str(err))
+        return
+
+    # lm-eval reports a user's mistakes (unknown task or model name) as ValueError, and so do our
+    # model_args checks: one line each, not a traceback.
+    try:
+        lm_eval_main(list(ctx.args))
+    except USER_ERRORS as err:
+        fail(str(err))

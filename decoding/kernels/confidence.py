@@ -15,7 +15,7 @@ accumulators merged at the end) and never materialises a softmax; elsewhere the 
 :func:`confidence_stats_reference` runs. ``precision="fp64"`` accumulates in float64 (what
 LLaDA / Fast-dLLM use for confidences, so threshold decisions match the float64 reference);
 ``"fp32"`` is Dream's float32 softmax. The noise is drawn by the caller with ``torch.rand`` exactly
-as :func:`decoding.sampling.gumbel_argmax` draws it, so the sample is the PyTorch path's sample.
+as :func:`dllm.decoding.sampling.gumbel_argmax` draws it, so the sample is the PyTorch path's sample.
 
 Dispatch: :func:`use_triton_kernels` is True on CUDA when triton imports; ``DLLM_DISABLE_TRITON=1``
 turns the kernels off, ``DLLM_FORCE_TRITON=1`` (or ``force=True``) turns them on for any device —
@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 
 STATS = ("max_prob", "margin", "entropy")
+# Temperatures this small are greedy: dividing by them overflows to NaN probabilities.
+GREEDY_BELOW = 1e-5
 _BLOCK = 1024
 
 
@@ -261,7 +263,7 @@ def confidence_stats(
     always comes back; unrequested fields are None). ``noise`` switches on the Gumbel-max sample.
     The entropy treats 0 * log 0 as 0 (a -inf logit adds nothing); ``nan_on_neg_inf=True`` instead
     reproduces the plain PyTorch formula -(p * log p).sum, which is NaN for such rows (what
-    :func:`decoding.sampling.entropy` computes).
+    :func:`dllm.decoding.sampling.entropy` computes).
     """
     fn = confidence_stats_triton if use_triton_kernels(logits.device, force_kernel) else confidence_stats_reference
     return fn(logits, temperature=temperature, noise=noise, need=need, rows=rows, precision=precision,
@@ -308,14 +310,12 @@ def benchmark_confidence(n: int, v: int, dtype: torch.dtype | str = torch.bfloat
                          repeats: int = 20, *, temperature: float = 0.0, bandwidth_bytes: int | None = None) -> dict:
     """Time the confidence statistics of ``n`` rows x ``v`` logits: kernel vs the PyTorch path.
 
-    The PyTorch path is what :mod:`decoding.sampling` runs without the kernel: LLaDA's float64
+    The PyTorch path is what :mod:`dllm.decoding.sampling` runs without the kernel: LLaDA's float64
     softmax + gather of the argmax (or Gumbel sample) probability, plus Dream's fp32 margin and
     the entropy. The floor is the time to read the logits once at the measured copy bandwidth.
     On CPU (a "dry" run) the kernel is timed only under the Triton interpreter; otherwise
     ``kernel_ms`` is None.
     """
-    from decoding.sampling import GREEDY_BELOW
-
     device = torch.device(device)
     if isinstance(dtype, str):
         dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,

@@ -33,9 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
     from transformers.utils import logging as hf_logging
 
+    from dllm.eval.tasks import get_suite, suite_names
     from dllm.loading import CheckpointError, load_model, resolve_model_path
     from dllm.text import generate_text, load_tokenizer_for
-    from eval.tasks import get_suite, suite_names
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()

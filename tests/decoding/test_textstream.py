@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dllm.decoding.textstream import IncrementalDetokenizer, RowText
+from dllm.serving.testing import WORDS
 from dllm.tokenization import build_tokenizer
-from serving.testing import WORDS
-from serving.textstream import IncrementalDetokenizer, RowText
 
 TEXT = "naïve café 中文字 🙂🙂 ok — ünïcödé déjà vu 🚀 done"
 

@@ -1,0 +1,133 @@
+"""``dllm generate``: answer prompts from the command line (mounted by ``dllm.cli``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import typer
+
+from dllm.cli_common import USER_ERRORS, fail, quiet_transformers
+
+
+def generate(
+    prompt: str = typer.Argument(..., help="The user prompt (the model's chat template is applied); "
+                                           "'-' reads one prompt per line from stdin."),
+    model: str = typer.Option("tiny", "--model", "-m", help="tiny, tiny-d2f, or a local checkpoint directory."),
+    strategy: str | None = typer.Option(None, help="Decoding strategy (default: the model's)."),
+    cache: str | None = typer.Option(None, help="none, prefix or dual (bidirectional models)."),
+    threshold: float | None = typer.Option(None, help="Confidence threshold (threshold strategy)."),
+    block_length: int | None = typer.Option(None, "--block-length", help="Block size."),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", help="Cap on generated tokens."),
+    steps: int | None = typer.Option(None, help="Total steps (vanilla / Dream algorithms)."),
+    temperature: float | None = typer.Option(None, help="0 = greedy."),
+    seed: int | None = typer.Option(None, help="Seed for sampling."),
+    lopa_branches: int | None = typer.Option(None, "--lopa-branches", help="LoPA lookahead branches."),
+    branch_parallel: int = typer.Option(1, "--branch-parallel",
+                                        help="Evaluate LoPA branches on N local processes (torch.distributed)."),
+    dtype: str | None = typer.Option(None, help="float32, bfloat16 or float16."),
+    device: str | None = typer.Option(None, help="cpu, cuda, cuda:1, ..."),
+    options: list[str] | None = typer.Option(None, "--set", "-s",
+                                             help="Any generation option as KEY=VALUE, repeatable "
+                                                  "(e.g. --set skip_threshold=0.7); the flags above win."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Prompts per generate call (prompts from stdin)."),
+    no_chat: bool = typer.Option(False, "--no-chat", help="Do not apply the chat template."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per prompt (one per line)."),
+    stream: bool = typer.Option(False, "--stream", help="Print the answer as its tokens are committed "
+                                                        "(prompts run one at a time)."),
+) -> None:
+    """Generate an answer and report forwards, tokens per forward (TPF) and speed."""
+    from dllm.loading import load_model, resolve_model_path
+    from dllm.text import generate_text, load_tokenizer_for
+
+    from .config import parse_overrides
+
+    quiet_transformers()
+    flags = {k: v for k, v in dict(strategy=strategy, cache=cache, threshold=threshold, block_length=block_length,
+                                    max_new_tokens=max_new_tokens, steps=steps, temperature=temperature,
+                                    seed=seed, lopa_branches=lopa_branches).items() if v is not None}
+    if prompt == "-":
+        prompts = [line.rstrip("\r\n") for line in sys.stdin if line.strip()]
+        if not prompts:
+            fail("no prompts on stdin (one per line)")
+    else:
+        prompts = [prompt]
+    if batch_size < 1:
+        fail("--batch-size must be >= 1")
+    if stream and (as_json or branch_parallel > 1):
+        fail("--stream prints plain text from one process; leave out --json and --branch-parallel")
+    try:
+        overrides = {**parse_overrides(options or []), **flags}
+        path = resolve_model_path(model)
+        m = load_model(path, dtype=dtype, device=device)
+        tok = load_tokenizer_for(path)
+        cfg = m.diffusion_generation_config
+        if "max_new_tokens" in overrides and "block_length" not in overrides and cfg.block_length:
+            if overrides["max_new_tokens"] % cfg.block_length:
+                overrides["block_length"] = overrides["max_new_tokens"]
+        if branch_parallel > 1:
+            from .branch_parallel import run_branch_parallel
+
+            overrides.setdefault("strategy", "lopa")
+            results = run_branch_parallel(path, prompts, cfg.replace(**overrides), world_size=branch_parallel,
+                                          chat=not no_chat, dtype=dtype, device=device)
+        elif branch_parallel < 1:
+            raise ValueError("--branch-parallel must be >= 1")
+        else:
+            stop_strings = cfg.replace(**overrides).stop_strings  # a bad option fails before the first batch
+            results = []
+            if stream:
+                for p in prompts:
+                    [result] = generate_text(m, tok, p, chat=not no_chat, streamer=_terminal_stream(tok, stop_strings),
+                                             **overrides)
+                    _print_status(result)
+                return
+            for i in range(0, len(prompts), batch_size):
+                results += generate_text(m, tok, prompts[i:i + batch_size], chat=not no_chat, **overrides)
+    except USER_ERRORS as err:
+        fail(str(err))
+        return
+    strategy_name = cfg.replace(**overrides).strategy
+    for result in results:
+        tps = result.generated_tokens / result.seconds if result.seconds > 0 else float("inf")
+        if as_json:
+            payload = {"text": result.text, "num_forwards": result.num_forwards,
+                       "generated_tokens": result.generated_tokens, "tpf": round(result.tpf, 4),
+                       "seconds": round(result.seconds, 4), "tokens_per_second": round(tps, 2),
+                       "finish_reason": result.finish_reason, "model": model, "strategy": strategy_name}
+            typer.echo(json.dumps(payload))
+        else:
+            typer.echo(result.text)
+            _print_status(result)
+
+
+def _print_status(result) -> None:
+    tps = result.generated_tokens / result.seconds if result.seconds > 0 else float("inf")
+    typer.echo(f"[forwards={result.num_forwards} tokens={result.generated_tokens} tpf={result.tpf:.2f} "
+               f"tokens/s={tps:.1f} finish={result.finish_reason}]")
+
+
+def _terminal_stream(tokenizer, stop_strings):
+    """A streamer that writes a row's committed text to stdout as the decoder commits it
+    (``--stream``); text is held back only while a stop string could still cut it or it ends inside
+    a character."""
+    from dllm.decoding.streaming import BatchStreamer
+    from dllm.decoding.textstream import RowText
+
+    class TerminalStream(BatchStreamer):
+        def __init__(self) -> None:
+            self.row = RowText(tokenizer, max_tokens=1 << 30, stop=tuple(stop_strings))
+
+        def put_row(self, row: int, token_ids: list[int]) -> None:
+            _write(self.row.add(token_ids))
+
+        def end_row(self, row: int, finish_reason: str, num_forwards: int | None = None) -> None:
+            _write(self.row.finish(finish_reason) + "\n")
+
+    return TerminalStream()
+
+
+def _write(text: str) -> None:
+    if text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
