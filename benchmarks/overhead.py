@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
             for label, key, overrides in STRATEGIES:
                 model, tok = models[key]
                 ids, mask = encode_prompts(tok, [prompt])
-                # stop_at_eos off: every strategy decodes the full 256-token canvas, as the issue asks
+                # stop_at_eos off: every strategy decodes the full 256-token canvas, so the loops are timed at length
                 out = model.generate(ids, attention_mask=mask, max_new_tokens=args.new_tokens,
                                      block_length=args.block_length, stop_at_eos=False,
                                      return_dict_in_generate=True, **overrides)

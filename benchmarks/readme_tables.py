@@ -1,25 +1,25 @@
-"""Regenerate the README's results tables (and the Pareto plot) in one run.
+"""Regenerate the README's results table and the per-suite strategy tables (and Pareto plots) in one run.
 
-    python benchmarks/readme_tables.py --n 20            # CPU, as in the README
+    python benchmarks/readme_tables.py                   # CPU: 10 prompts per suite, 1 thread, as in the README
     python benchmarks/readme_tables.py --n 200 --device cuda --dtype bf16 --batch-size 32   # GPU variant
 
-Writes docs/results/{d2f,tiny}.json and docs/results/pareto-{d2f,tiny}.png and prints the markdown
-tables. Every number in the README's results section comes from this script.
+Writes docs/results/strategies-{tiny,tiny-d2f}-DATE.json and docs/results/pareto-{tiny,tiny-d2f}-DATE.png
+(DATE: today, UTC) and prints the markdown tables of docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 TABLES = {
-    # name: (model, strategies)
-    # d2f decodes at the bundled skip_threshold (0.97); the last row is the library default 0.9
-    "d2f": ("tiny-d2f", "vanilla,threshold,threshold:cache=dual,d2f,d2f:skip_threshold=0.9"),
-    "tiny": ("tiny", "vanilla,threshold,threshold:cache=prefix,threshold:cache=dual,factor:cache=dual,entropy,d3llm"),
+    # model: strategies; d2f decodes at the bundled skip_threshold (0.97), the last row is the library default 0.9
+    "tiny": "vanilla,threshold,threshold:cache=prefix,threshold:cache=dual,factor:cache=dual,entropy,d3llm",
+    "tiny-d2f": "vanilla,threshold,threshold:cache=dual,d2f,d2f:skip_threshold=0.9",
 }
 
 
@@ -42,10 +42,10 @@ def markdown(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=20)
+    ap.add_argument("--n", type=int, default=10, help="held-out prompts per suite")
     ap.add_argument("--suite", default="all")
     ap.add_argument("--batch-size", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--only", choices=sorted(TABLES), default=None)
@@ -62,8 +62,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, (model_name, strategies) in TABLES.items():
-        if args.only and name != args.only:
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    for model_name, strategies in TABLES.items():
+        if args.only and model_name != args.only:
             continue
         path = resolve_model_path(model_name)
         model = load_model(path, device=args.device, dtype=args.dtype)
@@ -72,8 +73,8 @@ def main(argv: list[str] | None = None) -> None:
                            batch_size=args.batch_size)
         report["model"] = model_name
         report["command"] = "python benchmarks/readme_tables.py " + " ".join(argv or [])
-        (out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
-        pareto_plot(report, str(out / f"pareto-{name}.png"))
+        (out / f"strategies-{model_name}-{date}.json").write_text(json.dumps(report, indent=2) + "\n")
+        pareto_plot(report, str(out / f"pareto-{model_name}-{date}.png"))
         print(f"\n### {model_name}\n")
         print(markdown(report))
 

@@ -130,7 +130,7 @@ class Offline:
 class RawClient:
     """A minimal HTTP/1.1 keep-alive client for the SSE stream (one connection, one request at a time).
 
-    The load generator shares this machine's CPUs with the server; httpx costs ~3 ms of CPU per
+    The load generator shares the CPUs with the server; httpx costs ~3 ms of CPU per
     streamed request, this about a tenth of it, so the measurement is mostly the server's.
     """
 

@@ -24,7 +24,7 @@ a longer number is split into D-digit pieces from the left), so an arithmetic fa
 *tag* token that decodes to nothing, then its padded digits (``"35 + 84"`` -> ``▁⟦35⟧ ∅ ∅ 3 5 ▁+
 ▁⟦84⟧ ∅ ∅ 8 4``). The tag makes a relation between numbers (``12 * 7`` lands on 84) a relation
 between tokens, which countdown needs; the padded digits keep the column alignment that arith needs
-(docs/training.md, session 27: whole-number tokens alone make arith unlearnable). Numbers of W or
+(whole-number tokens alone make arith unlearnable: docs/training.md, "Lessons from training the bundled models"). Numbers of W or
 more digits and the unpadded Sudoku cells get no tag. ``tokenizers`` normalizers cannot copy a
 matched number, so the tagger is one literal rule per 1..W-1-digit string (1,110 for W=4; ~0.4 ms
 per text).
@@ -36,15 +36,15 @@ relearning where things are (``dllm.training.models.remap_vocabulary`` starts ea
 the empty digit it replaces, which leaves such a model's function unchanged on its inputs).
 ``number_tag_style="whole"`` puts the tag in place of the whole padded number (``"35"`` -> ``▁⟦35⟧ ∅ ∅ ∅``,
 the same length): the tag is then the number's only view, so a model cannot read the number from its
-digits instead (a padded-digit model fine-tuned with ``replace`` tags kept reading the digits,
-docs/training.md, session 31). Tags decode to nothing, so tagged numbers do not decode back; use it
+digits instead (a padded-digit model fine-tuned with ``replace`` tags kept reading the digits;
+docs/training.md, "Lessons from training the bundled models"). Tags decode to nothing, so tagged numbers do not decode back; use it
 with ``number_tag_context`` for prompts, which are encoded and never decoded.
 ``number_tag_digits=D`` tags only numbers of up to D digits (0: every padded number): 1,000 three-digit
-tags are each a rare class, which a fine-tuned model was slow to learn (docs/training.md, session 29).
+tags are each a rare class, which a fine-tuned model was slow to learn.
 ``number_tag_context=R`` tags only numbers that the regular expression R matches right after (a
 lookahead; empty: every padded number). ``"countdown"`` (``COUNTDOWN_PROMPT_CONTEXT``) tags the numbers of a countdown
 prompt (``numbers 3 15 7 target 52 :``) and nothing else in the suites, so the model sees whole
-numbers where it has to relate them while every answer keeps plain padded digits (session 30).
+numbers where it has to relate them while every answer keeps plain padded digits.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def _number_padder(width: int) -> normalizers.Normalizer:
     """Insert ``width - n`` empty digits before every n-digit number (n < width), except Sudoku
     cells after the first: the first cell of a grid is padded, the cells after it are not.
 
-    Tokenizers built before session 27 (the bundled ones keep theirs in ``tokenizer.json``) also
+    Tokenizers built before 2026-12-04 (a tokenizer keeps its rules in ``tokenizer.json``) also
     left unpadded every number that follows "d ", so a countdown prompt ``numbers 3 15 7`` padded
     only its first number while the answer ``3 * 15 + 7`` padded all three."""
     e = EMPTY_DIGIT
