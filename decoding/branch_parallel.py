@@ -110,7 +110,7 @@ def _local_request(req: RoundRequest, lo: int, hi: int) -> RoundRequest:
 
 def _pack(res: RoundResult, rows: int, width: int, dig: int, ranked: bool) -> torch.Tensor:
     """Per slot: argmax tokens [W], their probabilities [W], the score, the K/V digest [dig] and,
-    with ``lopa_confidence='neg_entropy'``, the ranking confidences [W]."""
+    with a ``lopa_confidence`` other than 'prob', the ranking confidences [W]."""
     out = torch.zeros(rows, _packed_width(width, dig, ranked), dtype=torch.float64)
     n = res.score.shape[0]
     if n:
@@ -149,7 +149,7 @@ class _DistributedRounds:
         self.rows = key_valid.shape[0]
         self.shares = rank_groups(groups, comm.world)
         self.layers = model.spec.num_layers
-        self.ranked = settings.confidence == "neg_entropy"
+        self.ranked = settings.confidence != "prob"
         comm.bcast_obj({"cmd": "begin", "groups": groups, "key_valid": key_valid.cpu(), "settings": settings})
         self.worker = SlotWorker(model, groups=len(self.shares[0]), key_valid=key_valid, settings=settings)
 

@@ -18,8 +18,10 @@ FILE_KEY = "dllm"
 
 CACHES = ("none", "prefix", "dual")
 REMASKING = ("low_confidence", "random")
-# LoPA branch confidence: max probability (the paper), or Dream's negative entropy (the reference for D2F-Dream)
-LOPA_CONFIDENCE = ("prob", "neg_entropy")
+# How a rule ranks positions (never how it thresholds them: thresholds compare probabilities). The
+# references' ``sampling_strategy``: max probability ("default"), negative entropy sum p log p, or the
+# top-1 minus top-2 probability (D2F-eval "margin_confidence", LoPA "margin").
+RANKINGS = ("prob", "neg_entropy", "margin")
 
 
 @dataclass(frozen=True)
@@ -53,15 +55,17 @@ class DiffusionGenerationConfig:
     block_add_threshold: float = 0.1  # tau_add
     decoded_token_threshold: float = 0.95  # tau_act
     skip_threshold: float = 0.9  # tau_conf (d2f: conf > tau; d3llm: entropy <= entropy_threshold)
+    d2f_confidence: str = "prob"  # ranks a fully activated block's top-1 fallback (d2f, lopa's anchor fill)
     entropy_threshold: float = 0.5
     cache_delay: int = 2  # d3llm with a cache: forwards a finished block waits before it is cached
     # LoPA (lookahead branches on top of the base rule; see docs/lopa.md)
     lopa_branches: int = 0  # k lookahead branches; a round verifies k + 1 (k lookahead + the anchor)
     lopa_alpha: float = 0.0  # score weight of the branch's creating-token confidence (reference alpha)
     lopa_rho: float = 1.0  # score = mean of the lowest max(1, floor(rho * n)) remaining confidences
-    lopa_confidence: str = "prob"  # branch score and lookahead ranking: "prob" or "neg_entropy" (sum p log p)
+    lopa_confidence: str = "prob"  # branch score and lookahead ranking: "prob", "neg_entropy" or "margin"
     lopa_force_anchor: bool = False  # test switch: the anchor always wins (reproduces lopa_branches=0)
     # stopping and bookkeeping
+    max_steps: int | None = None  # forwards per row before it ends "step_limit" (None: step_limit())
     stop_at_eos: bool = True
     suppress_mask_token: bool = True  # never predict [MASK] (the references can, on untrained weights)
     stop_strings: tuple[str, ...] = ()
@@ -121,8 +125,11 @@ class DiffusionGenerationConfig:
         _unit_interval("lopa_alpha", self.lopa_alpha)
         if not 0.0 < self.lopa_rho <= 1.0:
             raise GenerationConfigError(f"lopa_rho must be in (0, 1], got {self.lopa_rho}")
-        if self.lopa_confidence not in LOPA_CONFIDENCE:
-            raise GenerationConfigError(f"lopa_confidence={self.lopa_confidence!r}; valid: {', '.join(LOPA_CONFIDENCE)}")
+        for name in ("d2f_confidence", "lopa_confidence"):
+            if getattr(self, name) not in RANKINGS:
+                raise GenerationConfigError(f"{name}={getattr(self, name)!r}; valid: {', '.join(RANKINGS)}")
+        if self.max_steps is not None:
+            _positive_int("max_steps", self.max_steps)
         if self.cfg_scale > 0 and (self.strategy != "vanilla" or self.cache != "none"):
             raise GenerationConfigError("cfg_scale > 0 is supported by strategy='vanilla' with cache='none' only")
 
@@ -139,6 +146,19 @@ class DiffusionGenerationConfig:
         """Vanilla quota schedule: ``steps`` spread evenly over blocks (default: one token per step)."""
         steps = self.steps if self.steps is not None else self.max_new_tokens
         return max(1, steps // self.num_blocks)
+
+    def step_limit(self) -> int:
+        """Forwards a row may take before it ends with ``finish_reason="step_limit"``.
+
+        ``max_steps``, or by default twice what a row needs when every forward commits one token
+        (the larger of ``max_new_tokens`` and ``steps``, plus one per block). Every loop commits at
+        least one token per forward to a row that is not stuck, and the fixed-step schedules run
+        ``steps`` forwards, so only a row that keeps committing ``[MASK]`` (possible with
+        ``suppress_mask_token=False``) reaches it; the D2F reference stops at 10,001 forwards.
+        """
+        if self.max_steps is not None:
+            return self.max_steps
+        return 2 * (max(self.max_new_tokens, self.steps or 0) + self.num_blocks)
 
     # -- overrides and files ----------------------------------------------------------------
     def replace(self, **overrides: Any) -> DiffusionGenerationConfig:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .config import RANKINGS
 from .kernels import confidence as kernels
 from .kernels.confidence import GREEDY_BELOW
 
@@ -166,8 +167,35 @@ def neg_entropy(logits: torch.Tensor, *, temperature: float, top_p: float | None
     Dream's ``neg_entropy`` confidence (the reference's LoPA ranking for D2F-Dream): the logits are
     tempered (T > 0) and top-p/top-k filtered first, as for sampling.
     """
+    return -entropy(_sampling_logits(logits, temperature, top_p, top_k)).double()
+
+
+def margin(logits: torch.Tensor, *, temperature: float, top_p: float | None, top_k: int | None) -> torch.Tensor:
+    """Top-1 minus top-2 probability (higher = more certain) of the distribution tokens are drawn
+    from, float64: the references' ``margin`` ranking (D2F-eval ``margin_confidence``, LoPA ``margin``)."""
+    probs = torch.softmax(_sampling_logits(logits, temperature, top_p, top_k).float(), dim=-1)
+    top2 = torch.topk(probs, 2, dim=-1).values
+    return (top2[..., 0] - top2[..., 1]).double()
+
+
+def ranking_confidence(kind: str, logits: torch.Tensor, conf: torch.Tensor, *, temperature: float,
+                       top_p: float | None, top_k: int | None) -> torch.Tensor:
+    """The confidence a rule ranks positions by: ``prob`` is ``conf`` itself (the chosen token's
+    probability), ``neg_entropy`` and ``margin`` are computed from ``logits`` as the references'
+    ``sampling_strategy`` does. Thresholds never use this: they always compare probabilities."""
+    if kind == "prob":
+        return conf
+    if kind == "neg_entropy":
+        return neg_entropy(logits, temperature=temperature, top_p=top_p, top_k=top_k)
+    if kind == "margin":
+        return margin(logits, temperature=temperature, top_p=top_p, top_k=top_k)
+    raise ValueError(f"ranking {kind!r}; valid: {', '.join(RANKINGS)}")
+
+
+def _sampling_logits(logits: torch.Tensor, temperature: float, top_p: float | None, top_k: int | None) -> torch.Tensor:
+    """The logits tokens are drawn from: tempered (T > 0), then top-p / top-k filtered."""
     if temperature >= GREEDY_BELOW:
         logits = logits / temperature
     if top_p is not None or top_k is not None:
         logits = filter_top_p_top_k(logits, top_p, top_k)
-    return -entropy(logits).double()
+    return logits

@@ -29,7 +29,7 @@ class DiffusionGenerateOutput:
     generated_tokens: torch.Tensor  # [batch] tokens up to and including the first EOS
     tpf: torch.Tensor  # [batch] generated_tokens / num_forwards
     step_map: torch.Tensor  # [batch, G]: the row's forward (1-based) that committed each slot; -1 never
-    finish_reason: list[str]  # "stop" (EOS / stop string) or "length"
+    finish_reason: list[str]  # "stop" (EOS / stop string), "length", "step_limit" (max_steps), "cancelled"
     timings: dict = field(default_factory=dict)  # total_seconds, forward_seconds
     stats: dict = field(default_factory=dict)  # strategy-specific counters (e.g. LoPA winners)
 
@@ -62,6 +62,7 @@ class DecodeState:
         self.key_valid = torch.cat([attention_mask.bool(), torch.ones(b, g, dtype=torch.bool, device=dev)], 1)
         self.rows = torch.arange(b, device=dev)  # original index of each live row
         self.nfe = torch.zeros(b, dtype=torch.long, device=dev)
+        self.forward_calls = 0  # count_forward calls: an upper bound of every row's nfe, known on the host
         self.step_map = torch.full((b, g), -1, dtype=torch.long, device=dev)
         from dllm.decoding.streaming import BatchStreamer
 
@@ -98,6 +99,7 @@ class DecodeState:
     def count_forward(self, rows: torch.Tensor | None = None) -> None:
         """One forward for the rows flagged (default: all live rows)."""
         self.nfe += 1 if rows is None else rows.long()
+        self.forward_calls += 1
 
     def commit(self, start: int, transfer: torch.Tensor, tokens: torch.Tensor) -> None:
         """Write ``tokens`` where ``transfer`` is set, in slots [start, start + transfer.shape[1])."""
@@ -155,18 +157,36 @@ class DecodeState:
         self.pending_done = done
 
     def pop_finished(self) -> torch.Tensor | None:
-        """Retire rows that finished at the last commit; returns kept local indices, or None if none left."""
+        """Retire rows that finished at the last commit, and stuck rows (see :meth:`stuck`).
+
+        Returns the kept local indices, or None if no row left.
+        """
+        no = torch.zeros(self.live, dtype=torch.bool, device=self.x.device)
         done, self.pending_done = self.pending_done, None
-        if done is None or not bool(done.any()):
-            return None
         cancelled, self.cancelled = self.cancelled, None
-        if cancelled is not None and bool(cancelled.any()):
-            keep = self.retire(cancelled, reason="cancelled")
-            done = done[keep]
-            if not bool(done.any()):
-                return keep
-            return keep[self.retire(done, reason="stop")]
-        return self.retire(done, reason="stop")
+        done = no if done is None else done
+        cancelled = no if cancelled is None else cancelled  # already part of done
+        stuck = self.stuck() & ~done
+        if not bool((done | stuck).any()):
+            return None
+        keep = torch.arange(self.live, device=self.x.device)
+        for rows, reason in ((cancelled, "cancelled"), (done & ~cancelled, "stop"), (stuck, "step_limit")):
+            rows = rows[keep]
+            if bool(rows.any()):
+                keep = keep[self.retire(rows, reason=reason)]
+        return keep
+
+    def stuck(self) -> torch.Tensor:
+        """Live rows that used their ``cfg.step_limit()`` forwards and still have masked slots.
+
+        A row gets there only when its forwards stop committing real tokens (a model whose argmax
+        is ``[MASK]``, with ``suppress_mask_token=False``); it then ends ``"step_limit"`` while the
+        other rows go on, where the references would loop (the D2F one until its 10,001-step cap).
+        """
+        cap = self.cfg.step_limit()
+        if self.forward_calls < cap:  # no row can be there yet: skip the device round trip
+            return torch.zeros(self.live, dtype=torch.bool, device=self.x.device)
+        return (self.nfe >= cap) & (self._gen() == self.mask_id).any(-1)
 
     def _stream(self, prefix_len: torch.Tensor) -> None:
         for r in range(self.live):

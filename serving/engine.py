@@ -170,6 +170,9 @@ class _Streamer(BatchStreamer):
     def end_row(self, row: int, finish_reason: str, **stats: Any) -> None:
         self.touched = True
         r = self.rows[row]
+        # A row the decoder cut at its step limit (max_steps) was cut short like one at max_tokens:
+        # the OpenAI API knows "length", not the decoder's "step_limit".
+        finish_reason = "length" if finish_reason == "step_limit" else finish_reason
         if r.finish_reason is None:
             text = r.text.finish(finish_reason)
             if text:

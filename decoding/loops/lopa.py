@@ -29,15 +29,20 @@ Conventions:
   This is the reference's order (lookaheads listed before the anchor, stable descending sort).
 * Score (reference Eq. 2 and its variants): ``alpha * c_create + (1 - alpha) * mean of the
   lowest max(1, floor(rho * n)) confidences`` over the branch's n remaining masked positions.
-  Confidence is the max probability, or with ``lopa_confidence="neg_entropy"`` the negative entropy
-  sum p log p (the reference's D2F-Dream setting; the fill rule still uses the max probability).
-  ``c_create`` is the confidence of the branch's extra token, and the certain value (1.0, or 0.0 for
-  negative entropy) for the anchor. A branch with no masked position left has the certain value as
-  its mean (its future is certain). Defaults are ``alpha = 0``, ``rho = 1``: the plain mean of
-  the paper and of every shipped reference script. Scored positions:
+  Confidence (``lopa_confidence``) is the max probability, the negative entropy sum p log p or the
+  top-1 minus top-2 margin; it also ranks the lookahead positions. ``c_create`` is the confidence
+  of the branch's extra token, and the certain value (1.0, or 0.0 for negative entropy) for the
+  anchor. A branch with no masked position left has the certain value as its mean (its future is
+  certain). Defaults are ``alpha = 0``, ``rho = 1``: the plain mean of the paper and of every
+  shipped reference script. Scored positions:
   block-causal: every masked position of the branch's own blocks in the forward window,
   including a block the branch appended this round;
   bidirectional: the current block's masked positions.
+* Anchor fill (block-causal): the D2F rule, its top-1 fallback ranked by ``d2f_confidence``
+  as in ``d2f``, so ``k = 0`` equals ``d2f`` for any ``lopa_confidence``. The reference
+  (``scale_dream_d2f``) ranks the fallback, the lookaheads and the branch scores with one
+  ``sampling_strategy``: its ``neg_entropy`` setting is ``d2f_confidence = lopa_confidence =
+  "neg_entropy"``. Thresholds always test the max probability.
 * Block states (to_cache) change only through the anchor fill on the winner. A block completed
   by a lookahead token retires at the end of the round in which that branch won.
 
@@ -71,10 +76,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dllm.decoding.loops.pipeline import IN_CACHE, TO_CACHE, RowPlan
-from dllm.decoding.policies import select_above, select_best, select_threshold
+from dllm.decoding.errors import GenerationConfigError
+from dllm.decoding.loops.pipeline import IN_CACHE, TO_CACHE, RowPlan, d2f_fill
+from dllm.decoding.policies import select_threshold
 from dllm.decoding.runner import ModelRunner
-from dllm.decoding.sampling import llada_choice, neg_entropy
+from dllm.decoding.sampling import llada_choice, ranking_confidence
 from dllm.decoding.state import DecodeState
 from dllm.modeling.kv_cache import DiffusionKVCache
 
@@ -172,7 +178,8 @@ class RoundResult:
     conf: torch.Tensor  # [S, width] float64: its probability
     score: torch.Tensor  # [S] float64
     digest: torch.Tensor | None = None  # [S, 4 * layers] float64
-    rank: torch.Tensor | None = None  # [S, width] float64: the ranking confidence when it is not ``conf``
+    rank: torch.Tensor | None = None  # [S, width] float64: the ``lopa_confidence`` ranking when it is not ``conf``
+    fill: torch.Tensor | None = None  # [S, width] float64: the anchor fill's ranking when it is neither
 
 
 @dataclass
@@ -189,7 +196,8 @@ class SlotSettings:
     remasking: str
     alpha: float
     rho: float
-    confidence: str = "prob"  # "prob" | "neg_entropy": what scores branches and ranks lookahead positions
+    confidence: str = "prob"  # RANKINGS: what scores branches and ranks lookahead positions
+    fill_confidence: str = "prob"  # RANKINGS: what ranks the anchor fill's top-1 fallback (d2f_confidence)
 
 
 class SlotWorker:
@@ -274,21 +282,24 @@ class SlotWorker:
         else:
             logits = self._forward(x, req, self.cache, self.runner.key_valid)
         s = self.s
-        rank = None
-        if s.confidence == "neg_entropy":
-            rank = neg_entropy(logits, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
         x0, conf = llada_choice(logits, temperature=s.temperature, remasking=s.remasking, generator=self.generator,
                                 top_p=s.top_p, top_k=s.top_k)
+        kw = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+        rank = None if s.confidence == "prob" else ranking_confidence(s.confidence, logits, conf, **kw)
+        # the fill ranking is sent only when it is neither the probability nor the lookahead ranking
+        fill = None if s.fill_confidence in ("prob", s.confidence) else ranking_confidence(s.fill_confidence, logits,
+                                                                                          conf, **kw)
         if dedupe:
             x0, conf = x0.repeat(self.groups, 1), conf.repeat(self.groups, 1)
             rank = rank.repeat(self.groups, 1) if rank is not None else None
+            fill = fill.repeat(self.groups, 1) if fill is not None else None
         pos = torch.arange(req.start, req.start + W, device=self.device)
         score_mask = (x[:, req.start: req.start + W] == s.mask_id) & (pos[None] < req.slot_end.to(self.device)[:, None])
         score = branch_scores(conf if rank is None else rank, score_mask, req.creation.to(self.device), s.alpha, s.rho,
                               certain_confidence(s.confidence))
         score = torch.where(req.valid.to(self.device), score, torch.full_like(score, NEG_INF))
         digest = self._digest(req.spans) if (req.spans is not None and self.cache is not None) else None
-        return RoundResult(x0, conf, score, digest, rank)
+        return RoundResult(x0, conf, score, digest, rank, fill)
 
     def _digest(self, spans: torch.Tensor) -> torch.Tensor:
         """Per slot, sums and sums of squares of the K/V its row committed this round (zeros elsewhere)."""
@@ -350,12 +361,34 @@ def _check_commit_noop(digest: torch.Tensor, winners: torch.Tensor, rows: int, g
 
 
 # ----------------------------------------------------------------------------- the loop
-def _settings(state: DecodeState, *, use_cache: bool, remasking: str) -> SlotSettings:
+def _settings(state: DecodeState, *, use_cache: bool, remasking: str, fill_confidence: str = "prob") -> SlotSettings:
     cfg = state.cfg
     return SlotSettings(prompt_length=state.P, mask_id=state.mask_id, use_cache=use_cache,
                         suppress_mask=cfg.suppress_mask_token, temperature=cfg.temperature, top_p=cfg.top_p,
                         top_k=cfg.top_k, remasking=remasking, alpha=cfg.lopa_alpha, rho=cfg.lopa_rho,
-                        confidence=cfg.lopa_confidence)
+                        confidence=cfg.lopa_confidence, fill_confidence=fill_confidence)
+
+
+def _rankings(res: RoundResult, cfg, winners: torch.Tensor, rows: int, conf: torch.Tensor, device, fill_kind: str):
+    """The winners' lookahead ranking and anchor-fill ranking [rows, W] (``conf`` where it is the probability).
+
+    An executor that does not return a ranking the config asks for fails here rather than rank by
+    probability without saying so.
+    """
+    def pick(t):
+        return _gather_rows(t, winners, rows).to(device)
+
+    if cfg.lopa_confidence != "prob" and res.rank is None:
+        raise GenerationConfigError(f"this LoPA executor returns no lopa_confidence={cfg.lopa_confidence!r} ranking")
+    rank = conf if res.rank is None else pick(res.rank)
+    if fill_kind == "prob":
+        return rank, conf
+    if fill_kind == cfg.lopa_confidence:
+        return rank, rank
+    if res.fill is None:
+        raise GenerationConfigError(f"this LoPA executor returns no d2f_confidence={fill_kind!r} ranking; "
+                                    "use d2f_confidence='prob' or equal to lopa_confidence")
+    return rank, pick(res.fill)
 
 
 @dataclass
@@ -406,7 +439,8 @@ def _decode_block_causal(model, state: DecodeState, gen) -> dict:
     G = K + 1
     B, P, mask_id, eos_id = cfg.block_size, state.P, state.mask_id, state.eos_id
     factory = _EXECUTOR.get() or local_executor
-    ex = factory(model, groups=G, key_valid=state.key_valid, settings=_settings(state, use_cache=True, remasking="low_confidence"),
+    ex = factory(model, groups=G, key_valid=state.key_valid,
+                 settings=_settings(state, use_cache=True, remasking="low_confidence", fill_confidence=cfg.d2f_confidence),
                  generator=gen, cfg=cfg)
     tol = _digest_tolerance(model.get_input_embeddings().weight.dtype)
     books = _Books(winners=[[] for _ in range(state.live)])
@@ -485,18 +519,15 @@ def _decode_block_causal(model, state: DecodeState, gen) -> dict:
             plans = [slot_plans[int(winners[r])][r] for r in range(R)]
             x0 = _gather_rows(res.x0, winners, R).to(state.x.device)
             conf = _gather_rows(res.conf, winners, R).to(state.x.device)
-            rank = conf if res.rank is None else _gather_rows(res.rank, winners, R).to(state.x.device)
+            rank, fill = _rankings(res, cfg, winners, R, conf, state.x.device, cfg.d2f_confidence)
             # 6: anchor fill with the winner's logits (the D2F rule per active block)
             candidates = state.x[:, start:end] == mask_id
             transfer = torch.zeros_like(candidates)
             for r, p in enumerate(plans):
                 for b in p.active():
                     s, e = b.start - start, b.end - start
-                    cand = candidates[r: r + 1, s:e]
-                    take = select_above(conf[r: r + 1, s:e], cand, cfg.skip_threshold)
-                    if b.complete and not bool(take.any()):
-                        take = select_best(conf[r: r + 1, s:e], cand)
-                    transfer[r, s:e] |= take[0]
+                    transfer[r, s:e] |= d2f_fill(conf[r: r + 1, s:e], fill[r: r + 1, s:e], candidates[r: r + 1, s:e],
+                                                 cfg.skip_threshold, b.complete)[0]
             state.commit(start, transfer, x0)
             xc, tc = state.x.cpu(), transfer.cpu()
             if eos_id is not None:
@@ -587,7 +618,7 @@ def _decode_semi_ar(model, state: DecodeState, gen) -> dict:
                 _adopt(state, xc, s, B, winners, looks)
                 x0 = _gather_rows(res.x0, winners, R).to(state.x.device)
                 conf = _gather_rows(res.conf, winners, R).to(state.x.device)
-                rank = conf if res.rank is None else _gather_rows(res.rank, winners, R).to(state.x.device)
+                rank, _ = _rankings(res, cfg, winners, R, conf, state.x.device, "prob")
                 transfer = select_threshold(conf, state.masked(s, e), cfg.threshold)
                 state.commit(s, transfer & need[:, None], x0)
                 i += 1

@@ -10,8 +10,9 @@ D2F (block-causal model): finished blocks are cached in order (a block retires t
 only when every earlier block is done) and their K/V are appended to the cache by the next forward,
 which computes them from their final tokens: exact, because under the block-causal mask a block's
 K/V depend only on the prefix. The input of every forward starts at the cache end.
-Commit rule: conf > skip_threshold (strict); a fully activated block with no such position fills
-its most confident one.
+Commit rule: conf > skip_threshold (strict, on the max probability); a fully activated block with
+no such position fills its single best one, ranked by ``d2f_confidence`` (the D2F-eval reference's
+``sampling_strategy``: ``prob`` = "default", ``neg_entropy``, ``margin`` = "margin_confidence").
 
 d3LLM (any model, no cache): same pipeline, full forward over the prompt and the appended blocks;
 commit masked positions with entropy <= entropy_threshold; the lowest-entropy position is always
@@ -35,7 +36,7 @@ import torch
 from dllm.decoding.joining import joining_enabled, may_join, poll
 from dllm.decoding.policies import select_above, select_best
 from dllm.decoding.runner import ModelRunner
-from dllm.decoding.sampling import entropy, llada_choice, llada_token
+from dllm.decoding.sampling import entropy, llada_choice, llada_token, ranking_confidence
 from dllm.decoding.state import DecodeState
 
 ACTIVE, TO_CACHE, IN_CACHE = "active", "to_cache", "in_cache"
@@ -137,6 +138,16 @@ def decoded_ratio(x_row: torch.Tensor, block: Block, mask_id: int, prompt_block:
     return float((span != mask_id).sum()) / max(1, block.end - block.start)
 
 
+def d2f_fill(conf: torch.Tensor, rank: torch.Tensor, candidates: torch.Tensor, tau: float, complete: bool) -> torch.Tensor:
+    """D2F's rule for one block: candidates with probability ``conf > tau``; a fully activated block
+    that gets none fills its single best candidate by ``rank`` (the references rank this fallback by
+    their ``sampling_strategy`` while the threshold always tests the probability)."""
+    take = select_above(conf, candidates, tau)
+    if complete and not bool(take.any()):
+        take = select_best(rank, candidates)
+    return take
+
+
 def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> dict:
     cfg = state.cfg
     d2f = cfg.strategy == "d2f"
@@ -221,6 +232,8 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> d
         if d2f:
             x0, conf = llada_choice(logits, temperature=cfg.temperature, remasking="low_confidence", generator=gen,
                                     top_p=cfg.top_p, top_k=cfg.top_k)
+            rank = ranking_confidence(cfg.d2f_confidence, logits, conf, temperature=cfg.temperature, top_p=cfg.top_p,
+                                      top_k=cfg.top_k)
         else:  # d3LLM decides by entropy only: no confidence needed
             x0 = llada_token(logits, temperature=cfg.temperature, generator=gen, top_p=cfg.top_p, top_k=cfg.top_k)
             ent = entropy(logits)
@@ -232,9 +245,7 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> d
                 s, e = b.start - start, b.end - start
                 cand = candidates[r : r + 1, s:e]
                 if d2f:
-                    take = select_above(conf[r : r + 1, s:e], cand, cfg.skip_threshold)
-                    if b.complete and not bool(take.any()):
-                        take = select_best(conf[r : r + 1, s:e], cand)
+                    take = d2f_fill(conf[r : r + 1, s:e], rank[r : r + 1, s:e], cand, cfg.skip_threshold, b.complete)
                 else:
                     take = cand & (ent[r : r + 1, s:e] <= cfg.entropy_threshold)
                     if b.complete and not forced_first and not bool(take.any()):

@@ -18,7 +18,8 @@ are done, so the loop runs until no row is left.
 Loop bounds follow the references: ``vanilla`` and the Dream algorithms without a cache run
 exactly ``steps/num_blocks`` forwards per block (LLaDA, Dream: no early exit); cached and threshold/factor variants check
 "block done" before each forward (Fast-dLLM upstream). ``dual_cache_step_bound`` reproduces the
-upstream dual-cache loop cap ``range(1, steps_per_block)``.
+upstream dual-cache loop cap ``range(1, steps_per_block)`` and, with it, upstream's block-start
+refresh filling masks that earlier blocks left behind (:func:`_sweep_start`).
 """
 
 from __future__ import annotations
@@ -121,6 +122,8 @@ def decode_semi_ar(model, state: DecodeState, gen: torch.Generator | None) -> di
             if cfg.cache == "dual" and cfg.dual_cache_step_bound and i >= spb:
                 break
             refresh = cache is None or i == 0 or (cfg.refresh_interval and i % cfg.refresh_interval == 0)
+            # The first slot this step may fill: the block start, except at an upstream dual-cache refresh
+            lo = _sweep_start(state) if (cfg.cache == "dual" and cfg.dual_cache_step_bound and i == 0) else s
             if cfg.cfg_scale > 0:
                 logits = _cfg_logits(runner, state, prompt_slots, s, e, cfg.cfg_scale)
             elif exact:
@@ -130,7 +133,7 @@ def decode_semi_ar(model, state: DecodeState, gen: torch.Generator | None) -> di
             elif cache is None:
                 logits = runner.full(state.x, logits_from=s, **mask_kw)[:, :B]
             elif refresh:
-                logits = runner.full(state.x, logits_from=s, cache=cache, **mask_kw)[:, :B]
+                logits = runner.full(state.x, logits_from=lo, cache=cache, **mask_kw)[:, : e - lo]
                 if cfg.cache == "prefix":
                     cache.length = s  # keep the prefix only; the suffix is recomputed every step
             elif cfg.cache == "prefix":
@@ -138,7 +141,7 @@ def decode_semi_ar(model, state: DecodeState, gen: torch.Generator | None) -> di
             else:
                 logits = runner.cached(state.x, start=s, end=e, cache=cache, mode="replace", **mask_kw)
             state.count_forward(None if fixed_steps else need)
-            candidates = state.masked(s, e)
+            candidates = state.masked(lo, e)
             x0, conf = _choose(strategy, logits, cfg, gen)
             if strategy == "threshold":
                 transfer = select_threshold(conf, candidates, cfg.threshold)
@@ -149,7 +152,7 @@ def decode_semi_ar(model, state: DecodeState, gen: torch.Generator | None) -> di
             else:  # vanilla quota
                 k = quota[:, i] if i < spb else candidates.sum(-1)
                 transfer = select_top_k(conf, candidates, k)
-            state.commit(s, transfer & need[:, None], x0)
+            state.commit(lo, transfer & need[:, None], x0)
             i += 1
             keep = state.pop_finished()
             if keep is not None:
@@ -161,6 +164,18 @@ def decode_semi_ar(model, state: DecodeState, gen: torch.Generator | None) -> di
                     cache = cache.select_rows(keep)
         s = s_next
     return {"forward_seconds": runner.forward_seconds, "forwards": runner.forwards}
+
+
+def _sweep_start(state: DecodeState) -> int:
+    """First generated slot of any row: where upstream's block-start refresh looks for masks.
+
+    With ``dual_cache_step_bound`` (``range(1, steps_per_block)``) a block can end with masks left;
+    upstream Fast-dLLM's next refresh forward takes every masked slot before the block end as a
+    candidate (``mask_index = x == mask_id; mask_index[:, e:] = False``), so such masks can be
+    filled there, the refresh's at-least-one token included. Slots before a row's generated region
+    hold its prompt or padding, never a mask.
+    """
+    return state.P if state.gstart is None else int(state.gstart.min())
 
 
 def _dream_transfer(conf, candidates, i, steps, cfg, gen) -> torch.Tensor:

@@ -71,14 +71,15 @@ def test_two_processes_equal_single_process(ckpt, monkeypatch):
     monkeypatch.setattr(bp, "_run_local", spy)
     with BranchParallelExecutor(ckpt, world_size=2, **WORKER) as ex:
         for cfg in (_cfg(lopa_branches=2), _cfg(lopa_branches=4, stop_at_eos=True, max_new_tokens=2 * G),
-                    _cfg(lopa_branches=3, lopa_confidence="neg_entropy")):
+                    _cfg(lopa_branches=3, lopa_confidence="neg_entropy"),
+                    _cfg(lopa_branches=2, lopa_confidence="margin", d2f_confidence="margin")):
             out = ex.generate(ids, attention_mask=mask, generation_config=cfg)
             ref = local.generate(ids, attention_mask=mask, generation_config=cfg)
             _same(out, ref)
             assert any(w > 0 for row in out.stats["lopa_winners"] for w in row)
             assert out.stats["lopa_commit_max_rel_diff"] <= 1e-5  # the winner commit was a no-op on every rank
         # ranks return compact results: per slot (token, prob) per window position + score + K/V digest,
-        # and with neg_entropy one ranking confidence per window position
+        # and with a ranking other than the probability one ranking confidence per window position
         assert sent and all(n == 2 * w + 1 + d + (w if ranked else 0) and d in (0, 4 * local.spec.num_layers)
                             for n, w, d, ranked in sent)
         assert any(d for _, _, d, _ in sent)  # rounds that cache blocks carry the digest the commit check uses

@@ -1,288 +1,271 @@
-"""Golden parity: our strategies vs. transcriptions of the reference decoding loops.
+"""Parity with the reference decoders, on tokens they computed (tests/fixtures/parity/).
 
-The functions below transcribe ML-GSAI/LLaDA ``generate.py`` and NVlabs/Fast-dLLM
-``v1/llada/generate.py`` (``generate``, ``generate_with_prefix_cache``, ``generate_with_dual_cache``,
-``get_transfer_index``, ``get_transfer_index_dynamic``) step for step, including their loop bounds
-and quirks. They drive our model through an adapter exposing the interface the Fast-dLLM modified
-LLaDA model has (``past_key_values``, ``use_cache``, ``replace_position``); the cache semantics of
-that interface are checked against full forwards in tests/dllm/test_model_core.py.
+The fixtures hold the outputs of the published decoding code, run unmodified on tiny checkpoints at
+temperature 0 in float32 (tests/fixtures/parity/README.md says which upstream commit and which
+adapter produced each file). Here dllm decodes the same prompts with the same weights and must
+give the same tokens and the same number of forwards (LoPA: rounds).
+
+Conventions of the comparison:
+
+* dllm runs with ``suppress_mask_token=False`` and ``stop_at_eos=False`` (the references may
+  commit ``[MASK]`` and decode past an EOS); a slot the reference left as ``[MASK]`` is the EOS
+  fill in dllm's ``sequences``.
+* The D2F and LoPA checkpoints have a zero LM-head row for ``[MASK]``, so neither side ever
+  predicts it: the references count a committed ``[MASK]`` as a decoded token in their block
+  bookkeeping, dllm reads the canvas.
+* D2F and LoPA grow their canvas one block at a time: dllm's slots past the reference's last
+  block are never committed.
 """
 
-from types import SimpleNamespace
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import cache
+from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from dllm.testing import MASK, tiny_llada
+from dllm import load_model
+from dllm.testing import tiny_dream, tiny_llada
 
-
-# --------------------------------------------------------------------------- adapter
-class FastDLLMInterface:
-    def __init__(self, model):
-        self.model = model
-
-    def __call__(self, x, past_key_values=None, use_cache=False, replace_position=None):
-        m = self.model
-        if past_key_values is None:
-            if not use_cache:
-                return SimpleNamespace(logits=m(x).logits)
-            cache = m.allocate_cache(torch.ones_like(x, dtype=torch.bool), prompt_length=0)
-            logits = m(x, kv_cache=cache, cache_mode="fill").logits
-            return SimpleNamespace(logits=logits, past_key_values=cache)
-        cache = past_key_values
-        if replace_position is None:  # keys = past (cache.length slots) + new
-            return SimpleNamespace(logits=m(x, kv_cache=cache, cache_mode="prefix", cache_start=cache.length).logits)
-        s = int(replace_position[0].nonzero().min())
-        return SimpleNamespace(logits=m(x, kv_cache=cache, cache_mode="replace", cache_start=s).logits)
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "parity"
+RANKING = {"default": "prob", "neg_entropy": "neg_entropy", "margin_confidence": "margin", "margin": "margin"}
 
 
-def truncate(cache, s):
-    cache.length = s  # the reference slices every layer's K/V to [:, :, :s]
-    return cache
+def _load(name: str) -> dict:
+    return json.loads((FIXTURES / name).read_text())
 
 
-# --------------------------------------------------------------------------- reference pieces
-def add_gumbel_noise(logits, temperature):
-    if temperature == 0:
-        return logits
-    logits = logits.to(torch.float64)
-    noise = torch.rand_like(logits, dtype=torch.float64)
-    return logits.exp() / (-torch.log(noise)) ** temperature
+def weights_sha256(model) -> str:
+    h = hashlib.sha256()
+    for k, v in sorted(model.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.detach().float().contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
-def get_num_transfer_tokens(mask_index, steps):
-    mask_num = mask_index.sum(dim=1, keepdim=True)
-    base = mask_num // steps
-    remainder = mask_num % steps
-    num = torch.zeros(mask_num.size(0), steps, dtype=torch.int64) + base
-    for i in range(mask_num.size(0)):
-        num[i, : remainder[i]] += 1
-    return num
+def build_model(entry: dict, block_size: int | None = None):
+    """The fixture's checkpoint, viewed block-causally with ``block_size`` when given."""
+    recipe = entry["recipe"]
+    view = {} if block_size is None else {"attention_policy": "block_causal", "block_size": block_size}
+    if "bundled" in recipe:
+        model = load_model(recipe["bundled"], **view)
+    else:
+        builder = {"tiny_llada": tiny_llada, "tiny_dream": tiny_dream}[recipe["builder"]]
+        model = builder(seed=recipe["seed"], initializer_range=recipe["initializer_range"], **view)
+        row = recipe.get("zero_lm_head_row")
+        if row is not None:
+            key = "model.transformer.ff_out.weight" if recipe["builder"] == "tiny_llada" else "lm_head.weight"
+            with torch.no_grad():
+                model.state_dict()[key][row] = 0.0
+    if weights_sha256(model) != entry["sha256"]:
+        pytest.fail(f"the weights of {recipe} are not those the reference outputs were computed with; "
+                    "recompute the fixtures (tests/fixtures/parity/README.md)")
+    return model
 
 
-def llada_generate(model, prompt, steps, gen_length, block_length, mask_id=MASK):
-    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long)
-    x[:, : prompt.shape[1]] = prompt.clone()
-    num_blocks = gen_length // block_length
-    steps = steps // num_blocks
-    nfe = 0
-    for nb in range(num_blocks):
-        lo, hi = prompt.shape[1] + nb * block_length, prompt.shape[1] + (nb + 1) * block_length
-        ntt = get_num_transfer_tokens(x[:, lo:hi] == mask_id, steps)
-        for i in range(steps):
-            mask_index = x == mask_id
-            logits = model(x).logits
-            nfe += 1
-            x0 = torch.argmax(add_gumbel_noise(logits, 0.0), dim=-1)
-            p = F.softmax(logits, dim=-1)
-            x0_p = torch.squeeze(torch.gather(p, dim=-1, index=torch.unsqueeze(x0, -1)), -1)
-            x0_p[:, hi:] = -float("inf")
-            x0 = torch.where(mask_index, x0, x)
-            confidence = torch.where(mask_index, x0_p, -float("inf"))
-            transfer = torch.zeros_like(x0, dtype=torch.bool)
-            for j in range(confidence.shape[0]):
-                _, sel = torch.topk(confidence[j], k=int(ntt[j, i]))
-                transfer[j, sel] = True
-            x[transfer] = x0[transfer]
-    return x, nfe
+@cache
+def _model(fixture: str, name: str, block_size: int | None):
+    return build_model(_load(fixture)["models"][name], block_size)
 
 
-def get_transfer_index(logits, mask_index, x, num_transfer_tokens, threshold=None):
-    x0 = torch.argmax(add_gumbel_noise(logits, 0.0), dim=-1)
-    p = F.softmax(logits.to(torch.float64), dim=-1)
-    x0_p = torch.squeeze(torch.gather(p, dim=-1, index=torch.unsqueeze(x0, -1)), -1)
-    x0 = torch.where(mask_index, x0, x)
-    confidence = torch.where(mask_index, x0_p, -float("inf"))
-    transfer = torch.zeros_like(x0, dtype=torch.bool)
-    if threshold is not None:
-        num_transfer_tokens = mask_index.sum(dim=1, keepdim=True)
-    for j in range(confidence.shape[0]):
-        _, sel = torch.topk(confidence[j], k=int(num_transfer_tokens[j]))
-        transfer[j, sel] = True
-        if threshold is not None:
-            for k in range(1, int(num_transfer_tokens[j])):
-                if confidence[j, sel[k]] < threshold:
-                    transfer[j, sel[k]] = False
-    return x0, transfer
+def _filled(ref: list, mask_id: int, eos_id: int) -> torch.Tensor:
+    """The reference's tokens as dllm writes them: a slot never filled holds the EOS fill."""
+    t = torch.tensor(ref)
+    return torch.where(t == mask_id, torch.full_like(t, eos_id), t)
 
 
-def get_transfer_index_dynamic(logits, mask_index, x, factor=1.0):
-    x0 = torch.argmax(logits, dim=-1)
-    p = F.softmax(logits.to(torch.float64), dim=-1)
-    x0_p = torch.squeeze(torch.gather(p, dim=-1, index=torch.unsqueeze(x0, -1)), -1)
-    x0 = torch.where(mask_index, x0, x)
-    confidence = torch.where(mask_index, x0_p, -float("inf"))
-    transfer = torch.zeros_like(x0, dtype=torch.bool)
-    num_transfer_tokens = mask_index.sum(dim=1, keepdim=True)
-    for j in range(confidence.shape[0]):
-        n = int(num_transfer_tokens[j])
-        threshs = [1 - factor / (k + 1) for k in range(1, n + 1)]
-        threshs[0] = -1
-        sorted_c = torch.sort(confidence[j][mask_index[j]], dim=-1, descending=True)[0]
-        top_i = 0
-        for top_i in range(len(threshs)):
-            if sorted_c[top_i] < threshs[top_i]:
-                break
-        if top_i == 0 or top_i == len(threshs) - 1:
-            top_i += 1
-        _, sel = torch.topk(confidence[j], k=top_i)
-        transfer[j, sel] = True
-    return x0, transfer
+# ----------------------------------------------------------------------------- Fast-dLLM
+FAST = _load("fast_dllm.json")
 
 
-def _select(logits, mask_index, x, ntt_i, threshold, factor):
-    if factor is not None:
-        return get_transfer_index_dynamic(logits, mask_index, x, factor)
-    return get_transfer_index(logits, mask_index, x, ntt_i, threshold)
+def _fast_id(c: dict) -> str:
+    rule = c["strategy"] + (f"{c['threshold']}" if "threshold" in c else f"{c.get('factor', '')}")
+    bound = "-bound" if c["dual_cache_step_bound"] else ""
+    return f"{c['cache']}{bound}-{rule}-G{c['gen_length']}B{c['block_length']}T{c['steps']}-{c['prompt'][0]}"
 
 
-def fast_generate(model, prompt, steps, gen_length, block_length, threshold=None, factor=None, mask_id=MASK):
-    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long)
-    x[:, : prompt.shape[1]] = prompt.clone()
-    num_blocks = gen_length // block_length
-    steps = steps // num_blocks
-    nfe = 0
-    for nb in range(num_blocks):
-        lo, hi = prompt.shape[1] + nb * block_length, prompt.shape[1] + (nb + 1) * block_length
-        ntt = get_num_transfer_tokens(x[:, lo:hi] == mask_id, steps)
-        i = 0
-        while True:
-            nfe += 1
-            mask_index = x == mask_id
-            logits = model(x).logits
-            mask_index[:, hi:] = 0
-            x0, tr = _select(logits, mask_index, x, ntt[:, i] if threshold is None and factor is None else None, threshold, factor)
-            x[tr] = x0[tr]
-            i += 1
-            if (x[:, lo:hi] == mask_id).sum() == 0:
-                break
-    return x, nfe
+@pytest.mark.parametrize("case", FAST["cases"], ids=_fast_id)
+def test_fast_dllm_tokens_and_forwards(case):
+    """All strategy x cache combinations of upstream ``v1/llada/generate.py``.
 
-
-def fast_generate_prefix(model, prompt, steps, gen_length, block_length, threshold=None, factor=None, mask_id=MASK):
-    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long)
-    x[:, : prompt.shape[1]] = prompt.clone()
-    num_blocks = gen_length // block_length
-    steps = steps // num_blocks
-    nfe = 0
-    for nb in range(num_blocks):
-        lo, hi = prompt.shape[1] + nb * block_length, prompt.shape[1] + (nb + 1) * block_length
-        ntt = get_num_transfer_tokens(x[:, lo:hi] == mask_id, steps)
-        out = model(x, use_cache=True)
-        pkv = out.past_key_values
-        mask_index = x == mask_id
-        mask_index[:, hi:] = 0
-        x0, tr = _select(out.logits, mask_index, x, ntt[:, 0] if threshold is None and factor is None else None, threshold, factor)
-        x[tr] = x0[tr]
-        pkv = truncate(pkv, lo)
-        nfe += 1
-        i = 1
-        while True:
-            if (x[:, lo:hi] == mask_id).sum() == 0:
-                break
-            nfe += 1
-            mask_index = x[:, lo:] == mask_id
-            mask_index[:, block_length:] = 0
-            logits = model(x[:, lo:], past_key_values=pkv, use_cache=True).logits
-            x0, tr = _select(logits, mask_index, x[:, lo:], ntt[:, i] if threshold is None and factor is None else None, threshold, factor)
-            x[:, lo:][tr] = x0[tr]
-            i += 1
-    return x, nfe
-
-
-def fast_generate_dual(model, prompt, steps, gen_length, block_length, threshold=None, factor=None, mask_id=MASK):
-    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long)
-    x[:, : prompt.shape[1]] = prompt.clone()
-    num_blocks = gen_length // block_length
-    steps = steps // num_blocks
-    nfe = 0
-    for nb in range(num_blocks):
-        lo, hi = prompt.shape[1] + nb * block_length, prompt.shape[1] + (nb + 1) * block_length
-        ntt = get_num_transfer_tokens(x[:, lo:hi] == mask_id, steps)
-        out = model(x, use_cache=True)
-        pkv = out.past_key_values
-        mask_index = x == mask_id
-        mask_index[:, hi:] = 0
-        x0, tr = _select(out.logits, mask_index, x, ntt[:, 0] if threshold is None and factor is None else None, threshold, factor)
-        x[tr] = x0[tr]
-        nfe += 1
-        replace_position = torch.zeros_like(x, dtype=torch.bool)
-        replace_position[:, lo:hi] = True
-        for i in range(1, steps):
-            if (x[:, lo:hi] == mask_id).sum() == 0:
-                break
-            nfe += 1
-            mask_index = x[:, lo:hi] == mask_id
-            logits = model(x[:, lo:hi], past_key_values=pkv, use_cache=True, replace_position=replace_position).logits
-            x0, tr = _select(logits, mask_index, x[:, lo:hi], ntt[:, i] if threshold is None and factor is None else None, threshold, factor)
-            x[:, lo:hi][tr] = x0[tr]
-    return x, nfe
-
-
-# --------------------------------------------------------------------------- tests
-@pytest.fixture(scope="module")
-def model():
-    return tiny_llada(initializer_range=0.5)
-
-
-def _prompt(b=1, length=7, seed=0):
-    return torch.randint(0, 60, (b, length), generator=torch.Generator().manual_seed(seed))
-
-
-CASES = [  # (gen_length, block_length, steps)
-    (16, 4, 16),
-    (16, 8, 8),
-    (24, 8, 24),
-    (16, 16, 4),
-]
-
-
-@pytest.mark.parametrize("gen_length,block_length,steps", CASES)
-@pytest.mark.parametrize("seed", [0, 1])
-def test_vanilla_matches_llada_generate(model, gen_length, block_length, steps, seed):
-    prompt = _prompt(2, seed=seed)
-    ref, ref_nfe = llada_generate(model, prompt, steps, gen_length, block_length)
-    out = model.generate(prompt, strategy="vanilla", steps=steps, max_new_tokens=gen_length, block_length=block_length,
-                         stop_at_eos=False, suppress_mask_token=False, return_dict_in_generate=True)
-    assert torch.equal(out.sequences, ref)
-    assert out.num_forwards.tolist() == [ref_nfe] * 2
-
-
-REFS = {"none": fast_generate, "prefix": fast_generate_prefix, "dual": fast_generate_dual}
-
-
-@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
-@pytest.mark.parametrize("strategy,kw", [("threshold", {"threshold": 0.9}), ("threshold", {"threshold": 0.5}),
-                                         ("factor", {"factor": 1.0}), ("factor", {"factor": 2.0}), ("vanilla", {})])
-@pytest.mark.parametrize("gen_length,block_length,steps", CASES[:3])
-@pytest.mark.parametrize("seed", [0, 3])
-def test_fast_dllm_strategies_match_reference(model, cache, strategy, kw, gen_length, block_length, steps, seed):
-    prompt = _prompt(1, seed=seed)
-    ref_kw = {"threshold": kw.get("threshold"), "factor": kw.get("factor")}
-    # Upstream runs threshold/factor + dual cache with steps = gen_length (v1/llada/eval_gsm8k.sh)
-    ref_steps = gen_length if (cache == "dual" and strategy != "vanilla") else steps
-    ref, ref_nfe = REFS[cache](FastDLLMInterface(model), prompt, ref_steps, gen_length, block_length, **ref_kw)
-    out = model.generate(prompt, strategy=strategy, cache=cache, steps=steps if strategy == "vanilla" else None,
-                         max_new_tokens=gen_length, block_length=block_length, stop_at_eos=False,
+    Upstream runs threshold/factor with the dual cache at ``steps = gen_length``; its loop bound
+    ``range(1, steps_per_block)`` is ``dual_cache_step_bound=True`` here, with ``steps = G/B`` and
+    ``2G/B``: blocks stay partly masked and the next block-start refresh may fill them.
+    """
+    entry = FAST["models"][FAST["model"]]
+    model = _model("fast_dllm.json", FAST["model"], None)
+    kw = {k: case[k] for k in ("threshold", "factor") if k in case}
+    steps = case["steps"] if (case["strategy"] == "vanilla" or case["dual_cache_step_bound"]) else None
+    prompt = torch.tensor([case["prompt"]])
+    out = model.generate(prompt, strategy=case["strategy"], cache=case["cache"], steps=steps,
+                         max_new_tokens=case["gen_length"], block_length=case["block_length"],
+                         dual_cache_step_bound=case["dual_cache_step_bound"], stop_at_eos=False,
                          suppress_mask_token=False, return_dict_in_generate=True, **kw)
-    assert torch.equal(out.sequences, ref), (out.sequences, ref)
-    assert int(out.num_forwards[0]) == ref_nfe
+    ref = _filled(case["generated"], entry["mask_token_id"], entry["eos_token_id"])
+    assert out.sequences[0, prompt.shape[1]:].tolist() == ref.tolist()
+    assert int(out.num_forwards[0]) == case["nfe"]
 
 
-def test_dual_cache_step_bound_quirk(model):
-    """Upstream caps the dual-cache loop at steps/block: with steps = G/B blocks stay partly masked."""
-    prompt = _prompt(1, seed=5)
-    ref, ref_nfe = fast_generate_dual(FastDLLMInterface(model), prompt, 2, 16, 8, threshold=0.99)
-    out = model.generate(prompt, strategy="threshold", threshold=0.99, cache="dual", steps=2, max_new_tokens=16,
-                         block_length=8, dual_cache_step_bound=True, stop_at_eos=False, suppress_mask_token=False,
-                         return_dict_in_generate=True)
-    assert int(out.num_forwards[0]) == ref_nfe == 2
-    gen_ref = ref[0, 7:]
-    assert int((gen_ref == MASK).sum()) > 0  # the reference leaves masks behind
-    # our output fills never-committed slots with EOS; every committed token agrees
-    committed = gen_ref != MASK
-    assert torch.equal(out.sequences[0, 7:][committed], gen_ref[committed])
-    sane = model.generate(prompt, strategy="threshold", threshold=0.99, cache="dual", max_new_tokens=16,
-                          block_length=8, stop_at_eos=False, return_dict_in_generate=True)
-    assert int(sane.num_forwards[0]) > 2 and bool((sane.step_map >= 1).all())
+# ----------------------------------------------------------------------------- LLaDA generate.py
+LLADA = _load("llada_generate.json")
+
+
+@pytest.mark.parametrize("case", LLADA["cases"],
+                         ids=lambda c: f"G{c['gen_length']}B{c['block_length']}T{c['steps']}cfg{c['cfg_scale']}")
+def test_llada_vanilla_tokens_and_forwards(case):
+    """``vanilla`` (and classifier-free guidance) against ML-GSAI/LLaDA ``generate``, batch of 2."""
+    entry = LLADA["models"][LLADA["model"]]
+    model = _model("llada_generate.json", LLADA["model"], None)
+    prompt = torch.tensor(case["prompts"])
+    out = model.generate(prompt, strategy="vanilla", steps=case["steps"], max_new_tokens=case["gen_length"],
+                         block_length=case["block_length"], cfg_scale=case["cfg_scale"], stop_at_eos=False,
+                         suppress_mask_token=False, return_dict_in_generate=True)
+    ref = _filled(case["generated"], entry["mask_token_id"], entry["eos_token_id"])
+    assert out.sequences[:, prompt.shape[1]:].tolist() == ref.tolist()
+    assert out.num_forwards.tolist() == [case["forwards"]] * prompt.shape[0]
+
+
+# ----------------------------------------------------------------------------- D2F-eval and LoPA
+D2F = _load("d2f_eval.json")
+LOPA = _load("lopa.json")
+
+
+def _pipeline_kwargs(case: dict, entry: dict, eos_id: int) -> dict:
+    return dict(max_new_tokens=case["max_new_tokens"], block_length=case["block_size"],
+                block_add_threshold=case["block_add_threshold"], decoded_token_threshold=case["decoded_token_threshold"],
+                skip_threshold=case["skip_threshold"], d2f_confidence=RANKING[case["sampling_strategy"]],
+                suppress_mask_token=False, stop_at_eos=False, mask_token_id=entry["mask_token_id"], eos_token_id=eos_id,
+                return_dict_in_generate=True)
+
+
+def _d2f_eos(case: dict, entry: dict) -> int:
+    # D2F-eval's LLaDA path tests EOS against LLaDA-8B's id 126081, which no tiny checkpoint emits:
+    # no EOS ever stops its block appending, so dllm gets an EOS id the model never predicts.
+    return D2F["eos_token_id_llada_path"] if case["path"] == "llada" else entry["eos_token_id"]
+
+
+def _lopa_kwargs(case: dict) -> dict:
+    # branching_factor b = b lookahead branches + the anchor, except b = 1 (plain D2F)
+    b = case["branching_factor"]
+    return dict(strategy="lopa", lopa_branches=0 if b == 1 else b, lopa_confidence=RANKING[case["sampling_strategy"]],
+                lopa_alpha=case["selection_conf_alpha"], lopa_rho=case["branch_topp"])
+
+
+def _check_row(out, row: int, prompt_len: int, case: dict, forwards: int) -> None:
+    gen = out.sequences[row, prompt_len:]
+    n = len(case["generated"])
+    assert gen[:n].tolist() == case["generated"]
+    assert bool((out.step_map[row, n:] == -1).all())  # blocks the reference never appended
+    assert int(out.num_forwards[row]) == forwards
+
+
+def _d2f_id(c: dict) -> str:
+    return (f"{c['path']}-{c['model']}-B{c['block_size']}-{c['block_add_threshold']}/{c['decoded_token_threshold']}/"
+            f"{c['skip_threshold']}-{c['sampling_strategy']}-{c['prompt'][1]}")
+
+
+@pytest.mark.parametrize("case", D2F["cases"], ids=_d2f_id)
+def test_d2f_tokens_and_forwards(case):
+    """``d2f`` against D2F-eval's Dream and LLaDA paths; ``sampling_strategy`` is ``d2f_confidence``."""
+    entry = D2F["models"][case["model"]]
+    model = _model("d2f_eval.json", case["model"], case["block_size"])
+    prompt = torch.tensor([case["prompt"]])
+    out = model.generate(prompt, strategy="d2f", **_pipeline_kwargs(case, entry, _d2f_eos(case, entry)))
+    _check_row(out, 0, prompt.shape[1], case, case["forwards"])
+
+
+def _lopa_id(c: dict) -> str:
+    return (f"{c['model']}-b{c['branching_factor']}-{c['sampling_strategy']}-a{c['selection_conf_alpha']}-"
+            f"{c['block_add_threshold']}/{c['decoded_token_threshold']}/{c['skip_threshold']}-{c['prompt'][1]}")
+
+
+@pytest.mark.parametrize("case", LOPA["cases"], ids=_lopa_id)
+def test_lopa_tokens_and_rounds(case):
+    """``lopa`` on a block-causal Dream model against ``scale_dream_d2f`` (block-causal attention).
+
+    The reference's one ``sampling_strategy`` is ``d2f_confidence`` (the anchor's top-1 fallback)
+    and ``lopa_confidence`` (branch scores, lookahead positions) together. Its round count
+    (``steps_completed``) also counts the final round in which the winner is found finished
+    without a forward.
+    """
+    entry = LOPA["models"][case["model"]]
+    model = _model("lopa.json", case["model"], case["block_size"])
+    prompt = torch.tensor([case["prompt"]])
+    out = model.generate(prompt, **_pipeline_kwargs(case, entry, entry["eos_token_id"]), **_lopa_kwargs(case))
+    _check_row(out, 0, prompt.shape[1], case, case["steps_completed"] - 1)
+
+
+def _groups(cases: list, keys: tuple) -> list:
+    """Cases that differ only in their (equal-length) prompt: one batched call each."""
+    groups: dict = {}
+    for c in cases:
+        groups.setdefault(tuple(json.dumps(c[k]) for k in keys) + (len(c["prompt"]),), []).append(c)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+D2F_KEYS = ("path", "model", "block_size", "max_new_tokens", "block_add_threshold", "decoded_token_threshold",
+            "skip_threshold", "sampling_strategy")
+LOPA_KEYS = D2F_KEYS[1:] + ("branching_factor", "selection_conf_alpha", "branch_topp")
+
+
+@pytest.mark.parametrize("group", _groups(D2F["cases"], D2F_KEYS)[::3], ids=lambda g: _d2f_id(g[0]))
+def test_d2f_batched_rows_match_the_reference(group):
+    """The reference decodes one prompt at a time; a batch gives every row its reference tokens."""
+    case = group[0]
+    entry = D2F["models"][case["model"]]
+    model = _model("d2f_eval.json", case["model"], case["block_size"])
+    prompt = torch.tensor([c["prompt"] for c in group])
+    out = model.generate(prompt, strategy="d2f", **_pipeline_kwargs(case, entry, _d2f_eos(case, entry)))
+    for r, c in enumerate(group):
+        _check_row(out, r, prompt.shape[1], c, c["forwards"])
+
+
+@pytest.mark.parametrize("group", _groups(LOPA["cases"], LOPA_KEYS)[::3], ids=lambda g: _lopa_id(g[0]))
+def test_lopa_batched_rows_match_the_reference(group):
+    case = group[0]
+    entry = LOPA["models"][case["model"]]
+    model = _model("lopa.json", case["model"], case["block_size"])
+    prompt = torch.tensor([c["prompt"] for c in group])
+    out = model.generate(prompt, **_pipeline_kwargs(case, entry, entry["eos_token_id"]), **_lopa_kwargs(case))
+    for r, c in enumerate(group):
+        _check_row(out, r, prompt.shape[1], c, c["steps_completed"] - 1)
+
+
+def _differs(test, case, **override) -> bool:
+    original = globals()["_pipeline_kwargs"]
+
+    def patched(c, entry, eos):
+        return {**original(c, entry, eos), **override}
+
+    globals()["_pipeline_kwargs"] = patched
+    try:
+        test(case)
+    except AssertionError:
+        return True
+    finally:
+        globals()["_pipeline_kwargs"] = original
+    return False
+
+
+@pytest.mark.parametrize("fixture,test,expected", [(D2F, test_d2f_tokens_and_forwards, 24),
+                                                   (LOPA, test_lopa_tokens_and_rounds, 26)], ids=["d2f", "lopa"])
+def test_the_fallback_ranking_matters_on_the_fixtures(fixture, test, expected):
+    """The fixtures tell the rankings apart: with the top-1 fallback ranked by probability (dllm
+    before ``d2f_confidence`` existed) this many ``neg_entropy`` cases differ (docs/decoding.md)."""
+    cases = [c for c in fixture["cases"] if c["sampling_strategy"] == "neg_entropy"]
+    assert sum(_differs(test, c, d2f_confidence="prob") for c in cases) == expected
+
+
+def test_fixtures_cover_the_reference_options():
+    """The coverage the fixtures promise (README): every ranking, cache and step-bound mode."""
+    fast = {(c["cache"], c["strategy"], c["dual_cache_step_bound"]) for c in FAST["cases"]}
+    assert {(cache, s, False) for cache in ("none", "prefix", "dual") for s in ("vanilla", "threshold", "factor")} <= fast
+    assert {("dual", "threshold", True), ("dual", "factor", True)} <= fast
+    assert {(c["path"], c["sampling_strategy"]) for c in D2F["cases"]} == {
+        (p, s) for p in ("dream", "llada") for s in ("default", "neg_entropy", "margin_confidence")}
+    assert {(c["branching_factor"], c["sampling_strategy"]) for c in LOPA["cases"]} >= {
+        (b, s) for b in (1, 2, 3) for s in ("default", "neg_entropy", "margin")}
+    assert any(c["cfg_scale"] > 0 for c in LLADA["cases"])
