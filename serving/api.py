@@ -29,7 +29,7 @@ from .engine import Engine, EngineRequest
 from .engine_process import ModelInfo, RemoteEngine
 from .errors import ServingError, bad_request, internal, not_ready, unsupported
 from .metrics import ServerMetrics
-from .protocol import DIFFUSION_FIELDS, ChatCompletionRequest, CompletionRequest, usage
+from .protocol import DIFFUSION_FIELDS, ChatCompletionRequest, CompletionRequest, rejected_values, unknown_fields, usage
 from .settings import ServerSettings, apply_generation_defaults
 
 log = logging.getLogger("dllm.serving")
@@ -63,6 +63,17 @@ class ModelBundle:
         cfg = model.config
         self.context_length = getattr(cfg, "max_sequence_length", None) or getattr(cfg, "max_position_embeddings", None)
         self.has_chat_template = bool(getattr(tokenizer, "chat_template", None))
+        spec = cfg.core_spec() if hasattr(cfg, "core_spec") else None
+        block_causal = bool(model.is_block_causal)
+        self.facts = {  # what /v1/models reports about the model, besides its id
+            "family": getattr(cfg, "model_type", None),
+            "architecture": (getattr(cfg, "architectures", None) or [type(model).__name__])[0],
+            "attention": "block_causal" if block_causal else "bidirectional",
+            "block_size": spec.block_size if block_causal and spec is not None else None,
+            "logits": "shifted" if spec is not None and spec.logit_shift else "aligned",
+            "default_strategy": base.strategy,
+            "mask_token_id": self.mask_id,
+        }
 
 
 def load_bundle(settings: ServerSettings, model=None) -> ModelBundle:
@@ -223,6 +234,9 @@ async def _read_json(request: Request, limit: int) -> dict:
 
 
 def _parse(model: type[BaseModel], body: dict) -> Any:
+    if unknown := unknown_fields(model, body):
+        raise bad_request(f"unknown field(s): {'; '.join(unknown)}. Diffusion options: "
+                          f"{', '.join(DIFFUSION_FIELDS)}", param=unknown[0].split(" ")[0], code="unknown_parameter")
     try:
         return model.model_validate(body)
     except ValidationError as err:
@@ -362,6 +376,8 @@ def _common_checks(state: ServerState, req, n_prompts: int) -> None:
         raise unsupported("frequency_penalty", "a non-zero frequency penalty")
     if req.logit_bias:
         raise unsupported("logit_bias", "logit_bias")
+    for name, what in rejected_values(req):
+        raise unsupported(name, what)
 
 
 def _check_prompt_ids(state: ServerState, ids: list[int], param: str = "prompt") -> list[int]:
@@ -581,7 +597,13 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         return Response(data, media_type=ctype)
 
     def _model_card() -> dict:
-        return {"id": settings.model_name, "object": "model", "created": state.created, "owned_by": "dllm"}
+        # max_model_len as vLLM reports it; the model's facts under "dllm" (once it has loaded)
+        card = {"id": settings.model_name, "object": "model", "created": state.created, "owned_by": "dllm",
+                "root": settings.model}
+        if state.ready:
+            card["max_model_len"] = state.bundle.context_length
+            card["dllm"] = dict(state.bundle.facts)
+        return card
 
     @app.get("/v1/models")
     async def list_models(request: Request):

@@ -30,6 +30,20 @@ class DiffusionGenerationMixin:
     def diffusion_generation_config(self, cfg: DiffusionGenerationConfig) -> None:
         self._diffusion_generation_config = cfg
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' ``save_pretrained``, then the decoding defaults under the ``"dllm"`` key of
+        ``generation_config.json`` (transformers rewrites that file without them), so a saved model
+        (and ``push_to_hub``, which saves through here) decodes as the original did."""
+        out = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            self.diffusion_generation_config.save_pretrained(save_directory)
+        return out
+
+    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, **kwargs: Any) -> dict:
+        """The transformers hook wrappers such as PEFT's causal-LM model expect; a diffusion canvas needs
+        no per-step input preparation, so the inputs pass through."""
+        return {"input_ids": input_ids, **kwargs}
+
     @torch.no_grad()
     def generate(
         self,

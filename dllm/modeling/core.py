@@ -37,10 +37,12 @@ from .layers import (
     RotaryEmbedding,
     make_context,
 )
+from .losses import mask_labelled, masked_diffusion_loss
 
 
 @dataclass
 class DiffusionLMOutput(ModelOutput):
+    loss: torch.Tensor | None = None  # with ``labels``: the masked-diffusion loss (dllm.modeling.losses)
     logits: torch.Tensor | None = None
     last_hidden_state: torch.Tensor | None = None
 
@@ -138,15 +140,27 @@ class DiffusionLM(DiffusionGenerationMixin, PreTrainedModel):
         attn_backend: str | None = None,
         output_hidden_states: bool = False,
         return_dict: bool = True,
+        labels: torch.Tensor | None = None,
         **unused,
     ) -> DiffusionLMOutput:
         """Logits [batch, q, vocab] for the input slots (``logits_range`` keeps only input columns [a, b)).
+
+        ``labels`` (transformers convention: a target id, -100 where no loss is taken) masks the labelled
+        positions at a random ratio and returns the masked-diffusion loss in ``.loss``, with the logits
+        of that noised input (see ``dllm.modeling.losses``); the model's mask id must be known.
 
         ``attention_mask`` [batch, q] marks left padding (ignored with a cache: the cache holds the
         canvas validity). ``attention_policy``/``block_size`` override the config's for this call (a
         D2F teacher is the block-causal student's weights viewed bidirectionally). ``attn_backend``
         (``auto`` | ``sdpa`` | ``flex``) overrides the model's attention backend for this call.
         """
+        masked = None
+        if labels is not None:
+            if input_ids is None or labels.shape != input_ids.shape:
+                raise ValueError("labels need input_ids of the same shape (-100 where no loss is taken)")
+            if self.mask_token_id is None:
+                raise ValueError("labels need the model's mask_token_id (set it in config.json)")
+            input_ids, masked, p_mask = mask_labelled(input_ids, labels, int(self.mask_token_id))
         if inputs_embeds is None:
             if input_ids is None:
                 raise ValueError("pass input_ids or inputs_embeds")
@@ -185,7 +199,12 @@ class DiffusionLM(DiffusionGenerationMixin, PreTrainedModel):
             h = h[:, logits_range[0] : logits_range[1]]
         head = self._head()
         logits = head(h) if head is not None else F.linear(h, self._embedding().weight)
-        return DiffusionLMOutput(logits=logits, last_hidden_state=h if output_hidden_states else None)
+        loss = None
+        if masked is not None:
+            if logits_range is not None:
+                raise ValueError("labels and logits_range cannot be combined")
+            loss = masked_diffusion_loss(logits, labels, masked, p_mask)
+        return DiffusionLMOutput(loss=loss, logits=logits, last_hidden_state=h if output_hidden_states else None)
 
     def num_parameters_core(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -11,10 +11,8 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -47,12 +45,6 @@ def test_files_the_readme_names_exist():
     assert {"examples/prompts.txt", "examples/my.jsonl", "recipes/smoke-sft.yaml"} <= named
     missing = sorted(p for p in named if not (REPO / p).exists())
     assert not missing, missing
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _shell_lines(code: str) -> list[str]:
@@ -112,32 +104,16 @@ def test_python_blocks_in_one_namespace(capsys):
 
 
 @pytest.mark.slow
-def test_server_and_client_blocks(workdir, env):
-    [serve_code] = [code for lang, code, note in BLOCKS if SERVE in code]
+def test_server_and_client_blocks(served_tiny_d2f, workdir, env):
+    """The server block as the docs start it (tests/dllm/conftest.py, on a free port), then the clients."""
+    [_serve_code] = [code for lang, code, note in BLOCKS if SERVE in code]
     [client_code] = [code for lang, code, note in BLOCKS if "OpenAI(" in code]
     [curl_code] = [code for lang, code, note in BLOCKS if code.startswith("curl ")]
-    port = _free_port()
-    [serve_line] = _shell_lines(serve_code)
-    proc = subprocess.Popen(["bash", "-c", "exec " + serve_line.split("#")[0].replace("8000", str(port))],
-                            cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        import httpx
-
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            assert proc.poll() is None, proc.stderr.read()[-3000:]
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.5)
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            exec(compile(client_code.replace("8000", str(port)), "README.md", "exec"), {})  # noqa: S102
-        assert out.getvalue().startswith("42 ")
-        streamed = _run(_shell_lines(curl_code)[0].replace("8000", str(port)), workdir, env)
-        deltas = [json.loads(x[len("data: "):]) for x in streamed.splitlines()
-                  if x.startswith("data: {")]
-        assert "".join(d["choices"][0]["delta"].get("content") or "" for d in deltas if d["choices"]) == "Cal Bob Ann"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+    port = str(served_tiny_d2f)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(client_code.replace("8000", port), "README.md", "exec"), {})  # noqa: S102
+    assert out.getvalue().startswith("42 ")
+    streamed = _run(_shell_lines(curl_code)[0].replace("8000", port), workdir, env)
+    deltas = [json.loads(x[len("data: "):]) for x in streamed.splitlines() if x.startswith("data: {")]
+    assert "".join(d["choices"][0]["delta"].get("content") or "" for d in deltas if d["choices"]) == "Cal Bob Ann"

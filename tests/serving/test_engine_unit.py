@@ -23,8 +23,10 @@ CFG = DiffusionGenerationConfig(max_new_tokens=16, block_length=8)
 class Scripted:
     """A fake ``generate``: each row commits one token per step and ends at its scripted step."""
 
-    def __init__(self, ends: dict[int, int] | None = None, steps: int = 12, delay: float = 0.01, fail=None):
+    def __init__(self, ends: dict[int, int] | None = None, steps: int = 12, delay: float = 0.01, fail=None,
+                 end_reason: str = "stop"):
         self.ends = ends or {}
+        self.end_reason = end_reason
         self.steps = steps
         self.delay = delay
         self.fail = fail
@@ -47,7 +49,7 @@ class Scripted:
                 if r in cancelled:
                     reason[r] = "cancelled"
                 elif self.ends.get(r) == step:
-                    reason[r] = "stop"
+                    reason[r] = self.end_reason
                 else:
                     continue
                 live.discard(r)
@@ -132,6 +134,21 @@ def test_caps_stop_strings_and_cancellation_end_rows_in_the_loop():
         assert stopped.rows[0].finish_reason == "stop" and stopped.rows[0].text.text == "cat"
         assert gone.rows[0].finish_reason == "cancelled"
         assert any(2 in c for c in fake.cancel_seen)  # the loop was told to drop the abandoned row
+
+    asyncio.run(main())
+
+
+def test_a_row_at_the_step_limit_finishes_as_length():
+    """The decoder's "step_limit" (a row that stopped committing real tokens) is "length" in the OpenAI API."""
+    async def main():
+        fake = Scripted(ends={0: 2}, steps=5, delay=0, end_reason="step_limit")
+        e = _engine(fake)
+        try:
+            req = e.submit([[5]], n=1, cfg=CFG, max_tokens=64)
+            await _drain(req)
+        finally:
+            e.stop()
+        assert req.rows[0].finish_reason == "length"
 
     asyncio.run(main())
 

@@ -56,7 +56,14 @@ def _chat_ids(app, content: str) -> list[int]:
 
 def test_models_and_health(server, client):
     assert [m.id for m in client.models.list().data] == [MODEL]
-    assert client.models.retrieve(MODEL).id == MODEL
+    card = client.models.retrieve(MODEL)
+    assert card.id == MODEL
+    cfg = server[1].state.dllm.bundle.model.config
+    assert card.model_extra["max_model_len"] == cfg.max_sequence_length
+    facts = card.model_extra["dllm"]
+    assert facts["family"] == "llada" and facts["architecture"] == "LLaDAModelLM" and facts["logits"] == "aligned"
+    assert facts["attention"] in ("bidirectional", "block_causal") and facts["default_strategy"]
+    assert (facts["block_size"] is None) == (facts["attention"] == "bidirectional")
     assert httpx.get(server[0] + "/health").json() == {"status": "ok"}
     assert httpx.get(server[0] + "/ready").status_code == 200
 
@@ -173,7 +180,7 @@ def test_seed_makes_sampling_reproducible(client):
 
 def test_diffusion_extras_take_effect(client):
     slow = client.completions.create(model=MODEL, prompt="hello", max_tokens=16, temperature=0,
-                                     extra_body={"threshold": 1.0, "unknown_field": 1})
+                                     extra_body={"threshold": 1.0})
     fast = client.completions.create(model=MODEL, prompt="hello", max_tokens=16, temperature=0,
                                      extra_body={"threshold": 0.05, "block_length": 16, "cache": "dual"})
     s, f = slow.model_extra["dllm"], fast.model_extra["dllm"]
@@ -224,6 +231,35 @@ def test_typed_errors(client):
     assert isinstance(chat, openai.BadRequestError) and chat.body["param"] == "messages"
 
 
+def test_unknown_fields_are_refused_by_name(client):
+    """A typo never falls back to a default silently: 400, the field named, a close known name suggested."""
+    err = _error(lambda: client.completions.create(model=MODEL, prompt="hi", max_tokens=4,
+                                                   extra_body={"skip_treshold": 0.9, "no_such_option": 1}))
+    assert isinstance(err, openai.BadRequestError) and err.body["code"] == "unknown_parameter"
+    assert err.body["param"] == "skip_treshold"
+    assert "skip_treshold (did you mean skip_threshold?)" in err.body["message"] and "no_such_option" in err.body["message"]
+    chat = _error(lambda: client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                         max_tokens=4, extra_body={"temprature": 0}))
+    assert chat.body["param"] == "temprature" and "did you mean temperature?" in chat.body["message"]
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"repetition_penalty": 1.2}, "repetition_penalty"), ({"guided_json": {"type": "object"}}, "guided_json"),
+    ({"guided_choice": ["a", "b"]}, "guided_choice"), ({"store": True}, "store"), ({"metadata": {"k": "v"}}, "metadata"),
+    ({"skip_special_tokens": False}, "skip_special_tokens"),
+])
+def test_known_fields_that_cannot_be_honoured_are_refused(client, extra, param):
+    err = _error(lambda: client.completions.create(model=MODEL, prompt="hi", max_tokens=4, extra_body=extra))
+    assert isinstance(err, openai.BadRequestError) and err.body["param"] == param
+    assert err.body["code"] == "unsupported_parameter"
+
+
+def test_fields_at_values_that_change_nothing_are_accepted(client):
+    r = client.completions.create(model=MODEL, prompt="hi", max_tokens=4, temperature=0, user="u-1",
+                                  extra_body={"repetition_penalty": 1.0, "store": False, "skip_special_tokens": True})
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
 def test_raw_http_errors(server):
     url = server[0]
     r = httpx.post(url + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
@@ -236,8 +272,10 @@ def test_raw_http_errors(server):
     r = httpx.get(url + "/v1/nothing")
     assert r.status_code == 404 and set(r.json()["error"]) == {"message", "type", "param", "code"}
     r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2, "user": "u",
-                                                  "some_future_field": {"a": 1}, "stream_options": None})
+                                                  "stream_options": None})
     assert r.status_code == 200
+    r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "some_future_field": {"a": 1}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "some_future_field"
 
 
 def test_metrics(server, client):
