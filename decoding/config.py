@@ -46,6 +46,7 @@ class DiffusionGenerationConfig:
     temperature: float = 0.0
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None  # drop tokens below min_p x the top token's probability (vLLM's min_p)
     remasking: str = "low_confidence"
     cfg_scale: float = 0.0
     # Dream algorithms
@@ -67,6 +68,8 @@ class DiffusionGenerationConfig:
     # stopping and bookkeeping
     max_steps: int | None = None  # forwards per row before it ends "step_limit" (None: step_limit())
     stop_at_eos: bool = True
+    min_tokens: int = 0  # no EOS in the first min_tokens slots of an answer
+    ignore_eos: bool = False  # never commit EOS: the answer fills max_new_tokens (benchmarks, as in vLLM)
     suppress_mask_token: bool = True  # never predict [MASK] (the references can, on untrained weights)
     stop_strings: tuple[str, ...] = ()
     seed: int | None = None
@@ -85,16 +88,12 @@ class DiffusionGenerationConfig:
         _positive_int("max_new_tokens", self.max_new_tokens)
         if self.block_length is not None:
             _positive_int("block_length", self.block_length)
-            if self.max_new_tokens % self.block_length:
-                raise GenerationConfigError(
-                    f"max_new_tokens={self.max_new_tokens} must be a multiple of block_length={self.block_length}"
-                )
         if self.steps is not None:
             _positive_int("steps", self.steps)
             if self.strategy == "vanilla" and self.steps % self.num_blocks:
                 raise GenerationConfigError(
                     f"steps={self.steps} must be a multiple of the number of blocks ({self.num_blocks} = "
-                    f"max_new_tokens / block_length)"
+                    f"max_new_tokens / block_length, rounded up)"
                 )
         for name in ("threshold", "block_add_threshold", "decoded_token_threshold", "skip_threshold"):
             _unit_interval(name, getattr(self, name))
@@ -110,6 +109,12 @@ class DiffusionGenerationConfig:
             raise GenerationConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k is not None:
             _positive_int("top_k", self.top_k)
+        if self.min_p is not None and not 0 <= self.min_p < 1:
+            raise GenerationConfigError(f"min_p must be in [0, 1), got {self.min_p}")
+        if not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) or self.min_tokens < 0:
+            raise GenerationConfigError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.min_tokens > self.max_new_tokens:
+            raise GenerationConfigError(f"min_tokens={self.min_tokens} exceeds max_new_tokens={self.max_new_tokens}")
         if self.remasking not in REMASKING:
             raise GenerationConfigError(f"remasking={self.remasking!r}; valid: {', '.join(REMASKING)}")
         if self.cfg_scale < 0:
@@ -139,12 +144,19 @@ class DiffusionGenerationConfig:
         return self.block_length or self.max_new_tokens
 
     @property
+    def canvas_tokens(self) -> int:
+        """Slots decoded: ``max_new_tokens`` rounded up to whole blocks. A block is the unit every strategy
+        decodes (and the block-causal attention's unit), so a canvas never ends inside one; the answer is
+        cut back to ``max_new_tokens`` and a row stops once those slots are filled."""
+        return self.num_blocks * self.block_size
+
+    @property
     def num_blocks(self) -> int:
-        return self.max_new_tokens // self.block_size
+        return -(-self.max_new_tokens // self.block_size)
 
     def steps_per_block(self) -> int:
         """Vanilla quota schedule: ``steps`` spread evenly over blocks (default: one token per step)."""
-        steps = self.steps if self.steps is not None else self.max_new_tokens
+        steps = self.steps if self.steps is not None else self.canvas_tokens
         return max(1, steps // self.num_blocks)
 
     def step_limit(self) -> int:
@@ -158,7 +170,7 @@ class DiffusionGenerationConfig:
         """
         if self.max_steps is not None:
             return self.max_steps
-        return 2 * (max(self.max_new_tokens, self.steps or 0) + self.num_blocks)
+        return 2 * (max(self.canvas_tokens, self.steps or 0) + self.num_blocks)
 
     # -- overrides and files ----------------------------------------------------------------
     def replace(self, **overrides: Any) -> DiffusionGenerationConfig:

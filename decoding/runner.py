@@ -1,22 +1,63 @@
 """The model runner: the only place a decoder calls the model. Counts and times every forward.
 
-It hides two details from the loops: which cache operation a forward is, and Dream's logit shift
-in cached forwards (to get the shifted logit of slot ``s`` the runner feeds from ``s - 1``).
+It hides three details from the loops: which cache operation a forward is, Dream's logit shift in
+cached forwards (to get the shifted logit of slot ``s`` the runner feeds from ``s - 1``), and the
+rules every strategy's choices obey (:class:`LogitRules`), applied to the logits once, where they
+leave the model.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import dataclass
 
 import torch
 
 from dllm.modeling.kv_cache import DiffusionKVCache
 
 
+@dataclass(frozen=True)
+class LogitRules:
+    """What no strategy may choose, applied to every forward's logits (picklable: ranks get a copy).
+
+    * ``banned``: token ids never committed: ``[MASK]`` (committing it would be a no-op that loops
+      forever; ``suppress_mask_token``) and EOS with ``ignore_eos``;
+    * ``eos_id`` before ``min_tokens``: EOS is banned in the first ``min_tokens`` slots of an answer;
+    * ``min_p``: tokens whose probability is below ``min_p`` times the top token's are dropped, so
+      sampling and confidences see the distribution renormalised over the rest (vLLM's min_p).
+    """
+
+    banned: tuple[int, ...] = ()
+    eos_id: int | None = None
+    min_tokens: int = 0
+    min_p: float | None = None
+
+    @classmethod
+    def from_config(cls, cfg, mask_id: int, eos_id: int | None) -> LogitRules:
+        banned = ((mask_id,) if cfg.suppress_mask_token else ()) + ((eos_id,) if cfg.ignore_eos and eos_id is not None else ())
+        return cls(banned, eos_id, cfg.min_tokens if eos_id is not None else 0, cfg.min_p or None)
+
+    def apply(self, logits: torch.Tensor, first_slot: int, prompt_length: int | torch.Tensor) -> None:
+        """In place, for logits [b, q, V] of slots [first_slot, first_slot + q)."""
+        if self.banned:
+            logits[..., list(self.banned)] = float("-inf")
+        if self.min_tokens:
+            slots = first_slot + torch.arange(logits.shape[1], device=logits.device)
+            start = prompt_length[:, None] if torch.is_tensor(prompt_length) else prompt_length
+            early = (slots[None, :] - start) < self.min_tokens  # [b or 1, q]
+            eos = logits[..., self.eos_id]
+            logits[..., self.eos_id] = torch.where(early, torch.full_like(eos, float("-inf")), eos)
+        if self.min_p:
+            floor = logits.amax(-1, keepdim=True) + math.log(self.min_p)
+            logits.masked_fill_(logits < floor, float("-inf"))
+
+
 class ModelRunner:
-    def __init__(self, model, *, prompt_length: int | torch.Tensor, key_valid: torch.Tensor, suppress_token: int | None = None) -> None:
+    def __init__(self, model, *, prompt_length: int | torch.Tensor, key_valid: torch.Tensor,
+                 rules: LogitRules | None = None) -> None:
         self.model = model
-        self.suppress_token = suppress_token  # the mask id: committing [MASK] would be a no-op that loops forever
+        self.rules = rules or LogitRules()
         self.prompt_length = prompt_length
         self.key_valid = key_valid  # [batch, slots] bool over the whole canvas
         self.shift = bool(model.spec.logit_shift)
@@ -24,7 +65,8 @@ class ModelRunner:
         self.forwards = 0
         self._sync = key_valid.device.type == "cuda"
 
-    def _call(self, **kwargs) -> torch.Tensor:
+    def _call(self, first_slot: int, **kwargs) -> torch.Tensor:
+        """Logits of one forward, whose columns are the canvas slots from ``first_slot`` on."""
         if self._sync:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -34,8 +76,7 @@ class ModelRunner:
             torch.cuda.synchronize()
         self.forward_seconds += time.perf_counter() - t0
         self.forwards += 1
-        if self.suppress_token is not None:
-            logits[..., self.suppress_token] = float("-inf")
+        self.rules.apply(logits, first_slot, self.prompt_length)
         return logits
 
     def select_rows(self, index: torch.Tensor) -> None:
@@ -48,10 +89,10 @@ class ModelRunner:
         """Logits of slots [logits_from, len(x)) from a forward over the whole (prefix of the) canvas."""
         t = x.shape[1]
         if cache is not None:
-            return self._call(input_ids=x, kv_cache=cache, cache_mode="fill", logits_range=(logits_from, t),
-                              **model_kwargs)
+            return self._call(logits_from, input_ids=x, kv_cache=cache, cache_mode="fill",
+                              logits_range=(logits_from, t), **model_kwargs)
         kv = (self.key_valid if key_valid is None else key_valid)[:, :t]
-        return self._call(input_ids=x, attention_mask=kv, prompt_length=self.prompt_length,
+        return self._call(logits_from, input_ids=x, attention_mask=kv, prompt_length=self.prompt_length,
                           logits_range=(logits_from, t), **model_kwargs)
 
     def cached(self, x: torch.Tensor, *, start: int, end: int, cache: DiffusionKVCache, mode: str,
@@ -65,6 +106,6 @@ class ModelRunner:
         feed_from = start - 1 if self.shift and start > 0 else start
         offset = start - feed_from
         return self._call(
-            input_ids=x[:, feed_from:end], kv_cache=cache, cache_mode=mode, cache_start=feed_from,
+            start, input_ids=x[:, feed_from:end], kv_cache=cache, cache_mode=mode, cache_start=feed_from,
             logits_range=(offset, offset + logits_end - start), **model_kwargs,
         )

@@ -50,7 +50,8 @@ class DecodeState:
         streamer=None,
     ) -> None:
         b, p = input_ids.shape
-        g = cfg.max_new_tokens
+        g = cfg.canvas_tokens  # whole blocks; the answer is the first ``limit`` slots of it
+        self.limit = cfg.max_new_tokens
         dev = input_ids.device
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
@@ -133,6 +134,8 @@ class DecodeState:
         filled = gen != self.mask_id
         prefix_len = torch.where(filled.all(-1), self.G, (~filled).long().argmax(-1))  # contiguous committed prefix
         done = torch.zeros(self.live, dtype=torch.bool, device=self.x.device)
+        if self.limit < self.G:  # the slots past max_new_tokens only round the canvas up to whole blocks
+            done |= prefix_len >= self.limit
         if self.eos_id is not None and self.cfg.stop_at_eos:
             is_eos = gen == self.eos_id
             has = is_eos.any(-1)
@@ -190,7 +193,7 @@ class DecodeState:
 
     def _stream(self, prefix_len: torch.Tensor) -> None:
         for r in range(self.live):
-            end = int(prefix_len[r])
+            end = min(int(prefix_len[r]), self.limit)
             g0 = self._gen_start(r)
             gen = self.x[r, g0 : g0 + self.G]
             if self.eos_id is not None:
@@ -222,8 +225,12 @@ class DecodeState:
                     if len(masked):
                         gen[int(masked[0]):] = self.eos_id
             row_reason = reason
-            if reason == "length" and self.eos_id is not None and bool((gen == self.eos_id).any()):
+            ended = gen[: self.limit]  # the answer; slots past it only round the canvas up to whole blocks
+            if reason == "length" and self.eos_id is not None and bool((ended == self.eos_id).any()):
                 row_reason = "stop"  # ran to the end of its budget, but the text did end with EOS
+            elif reason == "stop" and self.limit < self.G and not (
+                    self.eos_id is not None and bool((ended == self.eos_id).any())):
+                row_reason = "length"  # filled its max_new_tokens slots, or ended only past them
             gen[gen == self.mask_id] = self.eos_id if self.eos_id is not None else self.mask_id
             if self.gstart is None:
                 self.out_x[orig] = row
@@ -316,12 +323,16 @@ class DecodeState:
             self.streamer.end()
         if self.joined_prompts:
             self._assemble_joined()
-        gen = self.out_x[:, -self.G:]
+        if self.limit < self.G:  # cut the canvas back to max_new_tokens
+            self.out_x = self.out_x[:, : self.out_x.shape[1] - self.G + self.limit]
+            self.out_step_map = self.out_step_map[:, : self.limit]
+        gen = self.out_x[:, -self.limit:]
         if self.eos_id is not None:
             is_eos = gen == self.eos_id
-            first = torch.where(is_eos.any(-1), is_eos.long().argmax(-1) + 1, torch.full_like(is_eos[:, 0], self.G, dtype=torch.long))
+            first = torch.where(is_eos.any(-1), is_eos.long().argmax(-1) + 1,
+                                torch.full_like(is_eos[:, 0], self.limit, dtype=torch.long))
         else:
-            first = torch.full((gen.shape[0],), self.G, dtype=torch.long, device=gen.device)
+            first = torch.full((gen.shape[0],), self.limit, dtype=torch.long, device=gen.device)
         tpf = first.double() / self.out_nfe.clamp(min=1).double()
         return DiffusionGenerateOutput(
             sequences=self.out_x,

@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from dllm.decoding.config import parse_option_value
+from dllm.decoding.config import check_option_names, parse_option_value
+from dllm.decoding.registry import get_strategy
 
 from .metrics import aup as aup_metric
 from .metrics import latency_percentiles
@@ -87,19 +88,27 @@ def parse_methods(spec: str) -> list[Method]:
 
 
 def apply_sweep(methods: list[Method], sweep: str | None) -> list[Method]:
-    """``threshold=0.5,0.7,0.9``: each method that is not the baseline is run once per value."""
+    """``threshold=0.5,0.7,0.9``: each method that is not the baseline is run once per value.
+
+    A method whose strategy does not read the key (``d2f`` ignores ``threshold``) is kept once, unswept:
+    its copies would be the same run under different labels. BenchSpecError if no method reads it."""
     if not sweep:
         return methods
     if "=" not in sweep:
         raise BenchSpecError(f"--sweep must look like key=v1,v2,...; got {sweep!r}")
     key, vals = sweep.split("=", 1)
+    key = key.strip()
+    check_option_names([key])
     values = [parse_option_value(v.strip()) for v in vals.split(",") if v.strip()]
     if not values:
         raise BenchSpecError(f"--sweep {sweep!r} lists no values")
+    swept = [m for m in methods[1:] if get_strategy(m.strategy).reads(key)]
+    if not swept:
+        others = ", ".join(m.label for m in methods[1:]) or "(no method after the baseline)"
+        raise BenchSpecError(f"--sweep {key}: none of {others} reads {key}")
     out = [methods[0]]
     for m in methods[1:]:
-        for v in values:
-            out.append(Method(m.strategy, {**m.params, key.strip(): v}))
+        out += [Method(m.strategy, {**m.params, key: v}) for v in values] if m in swept else [m]
     return out
 
 
@@ -321,40 +330,75 @@ def label_groups(rows: list[dict], tol: float = 0.015) -> list[tuple[tuple[float
     return groups
 
 
-def pareto_plot(report: dict, path: str) -> None:
-    """Accuracy vs TPF, one point per method, the Pareto frontier drawn through the non-dominated ones."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = report["results"]
-    crowded = len(rows) > LABELS_ON_POINTS_MAX  # many labels on the points overlap: name them in a legend
-    fig, ax = plt.subplots(figsize=(9.6 if crowded else 6.4, 4.4), dpi=120)
-    markers = "osD^v<>P*Xh"
-    for i, r in enumerate(rows):
-        ax.scatter(r["tpf"], r["accuracy"], s=40, marker=markers[(i // 10) % len(markers)] if crowded else "o",
-                   label=r["label"] if crowded else None)
-    if not crowded:
-        for (x, y), labels in label_groups(rows):
-            ax.annotate("\n".join(labels), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+def pareto_frontier(rows: list[dict]) -> list[tuple[float, float]]:
+    """The non-dominated (TPF, accuracy) points, by TPF: no other point is at least as fast and as accurate."""
     pts = sorted(((r["tpf"], r["accuracy"]) for r in rows), key=lambda p: (-p[0], -p[1]))
     frontier, best = [], float("-inf")
     for x, y in pts:
         if y > best:
             frontier.append((x, y))
             best = y
-    frontier.sort()
-    ax.plot([p[0] for p in frontier], [p[1] for p in frontier], "--", color="gray", linewidth=1, label="Pareto frontier")
+    return sorted(frontier)
+
+
+def spread_offsets(rows: list[dict], step: float = 7.0) -> list[float]:
+    """A horizontal offset in points per row, so that methods whose points coincide (``label_groups``) are
+    drawn side by side, each visible, instead of on top of each other."""
+    groups = label_groups(rows)
+    seen: dict[int, int] = {}
+    out = []
+    for r in rows:
+        g = next(i for i, (_, labels) in enumerate(groups) if r["label"] in labels)
+        k, i = len(groups[g][1]), seen.get(g, 0)
+        seen[g] = i + 1
+        out.append((i - (k - 1) / 2) * step)
+    return out
+
+
+def pareto_axes(report: dict):
+    """The figure and axes of :func:`pareto_plot` (not saved), for a caller to inspect or add to."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.transforms import offset_copy
+
+    rows = report["results"]
+    crowded = len(rows) > LABELS_ON_POINTS_MAX  # many labels on the points overlap: name them in a legend
+    fig, ax = plt.subplots(figsize=(9.6 if crowded else 6.4, 4.4), dpi=120)
+    markers = "osD^v<>P*Xh"
+    for i, (r, dx) in enumerate(zip(rows, spread_offsets(rows))):
+        ax.scatter(r["tpf"], r["accuracy"], s=40, marker=markers[(i // 10) % len(markers)] if crowded else "o",
+                   label=r["label"] if crowded else None,
+                   transform=offset_copy(ax.transData, fig=fig, x=dx, y=0, units="points"))
+    if not crowded:
+        for (x, y), labels in label_groups(rows):
+            ax.annotate("\n".join(labels), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    frontier = pareto_frontier(rows)
+    if len(frontier) > 1:
+        ax.plot([p[0] for p in frontier], [p[1] for p in frontier], "--", color="gray", linewidth=1,
+                label="Pareto frontier")
+    elif frontier:  # one point dominates every other: the frontier is that point, marked as such
+        ax.scatter(*frontier[0], s=220, facecolors="none", edgecolors="gray", linewidths=1.2,
+                   label="Pareto frontier (one point dominates)")
     ax.set_xlabel("tokens per forward (TPF)")
     ax.set_ylabel("accuracy (%)")
     ax.set_title(f"{report['model'].split('/')[-1]} on {report['suite']} (n={report['n']}/suite)", fontsize=9)
     ax.grid(alpha=0.3)
     if crowded:
         ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    else:
+    elif frontier:
         ax.legend(fontsize=7)
     fig.tight_layout()
+    return fig, ax
+
+
+def pareto_plot(report: dict, path: str) -> None:
+    """Accuracy vs TPF, one point per method (coinciding ones side by side), and the Pareto frontier:
+    the line through the non-dominated points, or a ring around the one point that dominates."""
+    import matplotlib.pyplot as plt
+
+    fig, _ = pareto_axes(report)
     fig.savefig(path)
     plt.close(fig)
 

@@ -330,6 +330,8 @@ def _build_config(state: ServerState, req, max_tokens: int) -> tuple[DiffusionGe
     block = overrides.get("block_length", b.base_cfg.block_length)
     if isinstance(block, int) and block > s.max_tokens_cap:
         raise bad_request(f"block_length must be <= {s.max_tokens_cap}", param="block_length")
+    if (overrides.get("min_tokens") or 0) > max_tokens:
+        raise bad_request(f"min_tokens={overrides['min_tokens']} exceeds max_tokens={max_tokens}", param="min_tokens")
     canvas = max_tokens if not block or block < 1 else math.ceil(max_tokens / block) * block
     overrides["max_new_tokens"] = canvas
     if "steps" in overrides and overrides["steps"] > canvas:

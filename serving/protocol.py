@@ -51,6 +51,10 @@ class DiffusionOptions(_Model):
     refresh_interval: int | None = None
     cache_delay: int | None = None
     top_k: int | None = None
+    # vLLM / SGLang sampling extras, honoured by every strategy (dllm.decoding.runner.LogitRules)
+    min_p: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
 
 
 DIFFUSION_FIELDS = tuple(DiffusionOptions.model_fields)
@@ -73,10 +77,7 @@ class SamplingRequest(DiffusionOptions):
     metadata: dict[str, Any] | None = None
     store: bool | None = None
     service_tier: str | None = None
-    # vLLM / SGLang sampling extras (extra_body=): honoured where they mean something for a dLLM
-    min_p: float | None = Field(None, ge=0, le=1)
-    min_tokens: int | None = Field(None, ge=0)
-    ignore_eos: bool | None = None
+    # vLLM / SGLang extras (extra_body=) with no meaning here: accepted only at values that change nothing
     repetition_penalty: float | None = Field(None, gt=0)
     skip_special_tokens: bool | None = None
     guided_json: Any = None
@@ -151,9 +152,6 @@ _INERT = {
     "repetition_penalty": ((None, 1.0), "a repetition penalty (tokens are committed in parallel, so no token "
                                         "is generated after the ones it would penalise)"),
     "skip_special_tokens": ((None, True), "returning special tokens"),
-    "min_p": ((None, 0.0), "min_p"),
-    "min_tokens": ((None, 0), "min_tokens"),
-    "ignore_eos": ((None, False), "ignore_eos"),
     "guided_json": ((None,), "guided decoding"),
     "guided_regex": ((None,), "guided decoding"),
     "guided_choice": ((None,), "guided decoding"),

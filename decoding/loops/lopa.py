@@ -79,7 +79,7 @@ import torch
 from dllm.decoding.errors import GenerationConfigError
 from dllm.decoding.loops.pipeline import IN_CACHE, TO_CACHE, RowPlan, d2f_fill
 from dllm.decoding.policies import select_threshold
-from dllm.decoding.runner import ModelRunner
+from dllm.decoding.runner import LogitRules, ModelRunner
 from dllm.decoding.sampling import llada_choice, ranking_confidence
 from dllm.decoding.state import DecodeState
 from dllm.modeling.kv_cache import DiffusionKVCache
@@ -189,7 +189,7 @@ class SlotSettings:
     prompt_length: int
     mask_id: int
     use_cache: bool
-    suppress_mask: bool
+    rules: LogitRules
     temperature: float
     top_p: float | None
     top_k: int | None
@@ -217,8 +217,7 @@ class SlotWorker:
         device = model.get_input_embeddings().weight.device
         self.device = device
         kv = key_valid.to(device).repeat(groups, 1)
-        self.runner = ModelRunner(model, prompt_length=settings.prompt_length, key_valid=kv,
-                                  suppress_token=settings.mask_id if settings.suppress_mask else None)
+        self.runner = ModelRunner(model, prompt_length=settings.prompt_length, key_valid=kv, rules=settings.rules)
         self.cache = model.allocate_cache(kv, prompt_length=settings.prompt_length) if settings.use_cache and groups else None
 
     @property
@@ -364,7 +363,8 @@ def _check_commit_noop(digest: torch.Tensor, winners: torch.Tensor, rows: int, g
 def _settings(state: DecodeState, *, use_cache: bool, remasking: str, fill_confidence: str = "prob") -> SlotSettings:
     cfg = state.cfg
     return SlotSettings(prompt_length=state.P, mask_id=state.mask_id, use_cache=use_cache,
-                        suppress_mask=cfg.suppress_mask_token, temperature=cfg.temperature, top_p=cfg.top_p,
+                        rules=LogitRules.from_config(cfg, state.mask_id, state.eos_id), temperature=cfg.temperature,
+                        top_p=cfg.top_p,
                         top_k=cfg.top_k, remasking=remasking, alpha=cfg.lopa_alpha, rho=cfg.lopa_rho,
                         confidence=cfg.lopa_confidence, fill_confidence=fill_confidence)
 

@@ -35,7 +35,7 @@ import torch
 
 from dllm.decoding.joining import joining_enabled, may_join, poll
 from dllm.decoding.policies import select_above, select_best
-from dllm.decoding.runner import ModelRunner
+from dllm.decoding.runner import LogitRules, ModelRunner
 from dllm.decoding.sampling import entropy, llada_choice, llada_token, ranking_confidence
 from dllm.decoding.state import DecodeState
 
@@ -153,7 +153,7 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> d
     d2f = cfg.strategy == "d2f"
     B, P = cfg.block_size, state.P
     runner = ModelRunner(model, prompt_length=P, key_valid=state.key_valid,
-                         suppress_token=state.mask_id if cfg.suppress_mask_token else None)
+                         rules=LogitRules.from_config(cfg, state.mask_id, state.eos_id))
     # d3LLM with a cache: a finished block is cached `cache_delay` forwards after its last token, and
     # a full forward refreshes everything while blocks stabilise or every `refresh_interval` forwards.
     delayed = not d2f and cfg.cache != "none"

@@ -33,7 +33,7 @@ from dllm.decoding.policies import (
     select_threshold,
     select_top_k,
 )
-from dllm.decoding.runner import ModelRunner
+from dllm.decoding.runner import LogitRules, ModelRunner
 from dllm.decoding.sampling import dream_choice, llada_choice
 from dllm.decoding.state import DecodeState
 
@@ -69,7 +69,7 @@ def decode_semi_ar(model, state: DecodeState, gen: torch.Generator | None) -> di
     T = P + state.G
     spb = cfg.steps_per_block()
     runner = ModelRunner(model, prompt_length=P, key_valid=state.key_valid,
-                         suppress_token=state.mask_id if cfg.suppress_mask_token else None)
+                         rules=LogitRules.from_config(cfg, state.mask_id, state.eos_id))
     cache = None
     if cfg.cache != "none":
         cache = model.allocate_cache(state.key_valid, prompt_length=P)

@@ -9,6 +9,8 @@ import torch
 from dllm.decoding.config import DiffusionGenerationConfig
 from dllm.decoding.engine import generate as decode
 
+from .hf_compat import translate
+
 
 class DiffusionGenerationMixin:
     """Adds ``generate`` and a per-model default :class:`DiffusionGenerationConfig`."""
@@ -47,21 +49,41 @@ class DiffusionGenerationMixin:
     @torch.no_grad()
     def generate(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        generation_config: DiffusionGenerationConfig | None = None,
+        generation_config=None,
         streamer=None,
         tokenizer=None,
-        **overrides: Any,
+        **kwargs: Any,
     ):
         """Decode completions for left-padded prompts.
 
         Returns prompt + completion ids [batch, prompt + max_new_tokens] (the tail after EOS is EOS),
         or a :class:`dllm.decoding.state.DiffusionGenerateOutput` with ``return_dict_in_generate=True``.
-        Keyword overrides replace fields of the config for this call only.
+        ``generation_config`` is a :class:`DiffusionGenerationConfig` (default: the model's) or a
+        ``transformers.GenerationConfig``; keyword arguments replace fields for this call only, in dllm's
+        names or transformers' (``do_sample``, ``max_length``, ``num_return_sequences``, ...; see
+        :mod:`dllm.generation.hf_compat`). ``max_new_tokens`` may be any size: whole blocks are decoded
+        and the answer is cut back. With ``num_return_sequences=n`` row i's answers are rows i*n..i*n+n-1.
         """
-        cfg = generation_config or self.diffusion_generation_config
-        if overrides:
-            cfg = cfg.replace(**overrides)
+        if input_ids is None:
+            input_ids = kwargs.pop("inputs", None)
+        if input_ids is None:
+            raise ValueError("generate needs input_ids [batch, prompt_length]")
+        hf_config = None
+        if generation_config is None or isinstance(generation_config, DiffusionGenerationConfig):
+            cfg = generation_config or self.diffusion_generation_config
+        elif hasattr(generation_config, "to_dict") and hasattr(generation_config, "do_sample"):
+            cfg, hf_config = self.diffusion_generation_config, generation_config
+        else:
+            raise TypeError(f"generation_config must be a DiffusionGenerationConfig or a transformers "
+                            f"GenerationConfig, got {type(generation_config).__name__}")
+        request = translate(input_ids.shape[1], hf_config, **kwargs)
+        if request.overrides:
+            cfg = cfg.replace(**request.overrides)
+        n = request.num_return_sequences
+        if n > 1:
+            input_ids = input_ids.repeat_interleave(n, dim=0)
+            attention_mask = None if attention_mask is None else attention_mask.repeat_interleave(n, dim=0)
         out = decode(self, input_ids, attention_mask, cfg, streamer=streamer, tokenizer=tokenizer)
         return out if cfg.return_dict_in_generate else out.sequences

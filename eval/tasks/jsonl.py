@@ -4,15 +4,18 @@
     {"messages": [{"role": "user", "content": "..."}, ..., {"role": "assistant", "content": "..."}]}
 
 In the chat form the last message is the answer and must be the assistant's; the messages before
-it (system, user and earlier assistant turns) are the prompt. ``dllm.training.files`` trains on such
-files (``data.files`` in a recipe); :class:`FileSuite` scores a model on one (``dllm bench --suite
-my.jsonl``) by exact match, the way the task suites are scored.
+it (system, user and earlier assistant turns) are the prompt. The prompt of the first form may also
+be a list of messages and its response a one-message assistant list (trl's conversational
+prompt-completion rows). Other keys are kept in ``Record.extra`` (GRPO passes them to reward
+functions). ``dllm.training.files`` trains on such files (``data.files`` in a recipe);
+:class:`FileSuite` scores a model on one (``dllm bench --suite my.jsonl``) by exact match, the way the
+task suites are scored. :func:`parse_record` reads one row (a JSON object, a ``datasets`` row).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .base import Example, Score, TaskSuite, count_tokens
@@ -30,39 +33,76 @@ class DataFileError(ValueError):
 @dataclass(frozen=True)
 class Record:
     messages: tuple[tuple[str, str], ...]  # the prompt turns as (role, content)
-    answer: str
+    answer: str | None  # None only for prompt-only rows (``require_answer=False``: GRPO with reward functions)
+    extra: dict = field(default_factory=dict, compare=False)  # the row's other keys, e.g. a "solution" column
 
     def prompt_messages(self) -> list[dict]:
         return [{"role": r, "content": c} for r, c in self.messages]
 
 
-def _record(obj, where: str) -> Record:
+def _turns(msgs, where: str, key: str) -> list[tuple[str, str]]:
+    if not isinstance(msgs, list) or not msgs:
+        raise DataFileError(f"{where}: {key!r} must be a non-empty list of messages")
+    turns = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise DataFileError(f"{where}: {'message' if key == 'messages' else key + ' message'} {i} needs string "
+                                "'role' and 'content'")
+        turns.append((m["role"], m["content"]))
+    return turns
+
+
+def parse_record(obj, where: str, require_answer: bool = True) -> Record:
+    """One example in either accepted form; DataFileError naming ``where`` otherwise. With
+    ``require_answer=False`` a row may be a prompt alone (``{"prompt": ...}``, or messages that do not end
+    with the assistant's): its ``answer`` is None."""
     if not isinstance(obj, dict):
         raise DataFileError(f"{where}: expected a JSON object, got {type(obj).__name__}; accepted forms: {FORMS}")
     if "messages" in obj:
         msgs = obj["messages"]
-        if not isinstance(msgs, list) or len(msgs) < 2:
+        if require_answer and (not isinstance(msgs, list) or len(msgs) < 2):
             raise DataFileError(f"{where}: 'messages' must be a list of at least two messages (prompt turns, "
                                 "then the assistant's answer)")
-        turns = []
-        for i, m in enumerate(msgs):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise DataFileError(f"{where}: message {i} needs string 'role' and 'content'")
-            turns.append((m["role"], m["content"]))
+        turns = _turns(msgs, where, "messages")
+        extra = {k: v for k, v in obj.items() if k != "messages"}
         if turns[-1][0] != "assistant":
+            if not require_answer:  # a prompt alone
+                return Record(tuple(turns), None, extra)
             raise DataFileError(f"{where}: the last message is the answer and must have role 'assistant', "
                                 f"not {turns[-1][0]!r}")
-        return Record(tuple(turns[:-1]), turns[-1][1])
+        if len(turns) < 2:
+            raise DataFileError(f"{where}: 'messages' must hold prompt turns before the assistant's answer")
+        return Record(tuple(turns[:-1]), turns[-1][1], extra)
     key = next((k for k in RESPONSE_KEYS if k in obj), None)
-    if "prompt" not in obj or key is None:
+    if "prompt" not in obj or (key is None and require_answer):
         raise DataFileError(f"{where}: keys {sorted(obj)} are neither form; accepted forms: {FORMS}")
-    if not isinstance(obj["prompt"], str) or not isinstance(obj[key], str):
-        raise DataFileError(f"{where}: 'prompt' and {key!r} must be strings")
-    return Record((("user", obj["prompt"]),), obj[key])
+    prompt = obj["prompt"]
+    if isinstance(prompt, list):  # conversational: the prompt turns as messages
+        turns = tuple(_turns(prompt, where, "prompt"))
+    elif isinstance(prompt, str):
+        turns = (("user", prompt),)
+    else:
+        raise DataFileError(f"{where}: 'prompt' must be a string or a list of messages")
+    extra = {k: v for k, v in obj.items() if k not in ("prompt", key)}
+    if key is None:
+        return Record(turns, None, extra)
+    answer = obj[key]
+    if isinstance(answer, list):  # conversational: one assistant message
+        msgs = _turns(answer, where, key)
+        if len(msgs) != 1 or msgs[0][0] != "assistant":
+            raise DataFileError(f"{where}: a {key!r} given as messages must be one message with role 'assistant'")
+        answer = msgs[0][1]
+    if not isinstance(answer, str):
+        raise DataFileError(f"{where}: 'prompt' and {key!r} must be strings (or lists of messages)")
+    return Record(turns, answer, extra)
 
 
-def read_records(path: str | Path) -> list[Record]:
-    """Every example of a JSON Lines file (blank lines skipped); DataFileError naming the line otherwise."""
+_record = parse_record  # the name earlier code imported
+
+
+def read_records(path: str | Path, require_answer: bool = True) -> list[Record]:
+    """Every example of a JSON Lines file (blank lines skipped); DataFileError naming the line otherwise.
+    ``require_answer=False`` also accepts prompt-only lines (see :func:`parse_record`)."""
     path = Path(path)
     if not path.is_file():
         raise DataFileError(f"data file {path} does not exist")
@@ -76,7 +116,7 @@ def read_records(path: str | Path) -> list[Record]:
                     obj = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise DataFileError(f"{path}:{n}: not valid JSON ({e.msg}); one JSON object per line") from None
-                records.append(_record(obj, f"{path}:{n}"))
+                records.append(parse_record(obj, f"{path}:{n}", require_answer))
     except UnicodeDecodeError as e:
         raise DataFileError(f"{path}: not UTF-8 text ({e.reason})") from None
     if not records:
@@ -86,7 +126,12 @@ def read_records(path: str | Path) -> list[Record]:
 
 def record_texts(paths) -> list[str]:
     """Every prompt turn and answer of the files (the vocabulary of a tokenizer built from scratch)."""
-    return [t for p in paths for r in read_records(p) for t in (*(c for _, c in r.messages), r.answer)]
+    return [t for p in paths for r in read_records(p) for t in record_words(r)]
+
+
+def record_words(record: Record) -> list[str]:
+    """The texts of one record: its prompt turns and its answer (if any)."""
+    return [c for _, c in record.messages] + ([record.answer] if record.answer is not None else [])
 
 
 def source_labels(paths) -> dict[str, str]:
@@ -110,6 +155,11 @@ def is_data_file(spec: str) -> bool:
 
 def _normalise(text: str) -> str:
     return " ".join(text.split())
+
+
+def exact_match(completion: str, answer: str) -> bool:
+    """Whether ``completion`` is ``answer`` (whitespace runs count as one space): how files are scored."""
+    return _normalise(completion) == _normalise(answer)
 
 
 class FileSuite(TaskSuite):
@@ -142,5 +192,5 @@ class FileSuite(TaskSuite):
                 for i, r in enumerate(self.records[:n])]
 
     def score(self, example: Example, completion: str) -> Score:
-        ok = _normalise(completion) == _normalise(example.answer)
+        ok = exact_match(completion, example.answer)
         return Score(ok, float(ok), {"expected": example.answer})

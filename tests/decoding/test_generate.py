@@ -226,8 +226,8 @@ def test_dream_model_decodes_with_caches():
 def test_invalid_configs_raise_clear_errors(model):
     with pytest.raises(GenerationConfigError, match="unknown strategy 'fast'; valid: vanilla, threshold"):
         DiffusionGenerationConfig(strategy="fast")
-    with pytest.raises(GenerationConfigError, match="multiple of block_length"):
-        DiffusionGenerationConfig(max_new_tokens=10, block_length=4)
+    rounded = DiffusionGenerationConfig(max_new_tokens=10, block_length=4)  # any size: whole blocks are decoded
+    assert (rounded.canvas_tokens, rounded.num_blocks) == (12, 3)
     with pytest.raises(GenerationConfigError, match="threshold must be in"):
         DiffusionGenerationConfig(threshold=1.5)
     for kw, msg in [({"threshold": "0.9"}, "threshold must be a number, got '0.9'"),

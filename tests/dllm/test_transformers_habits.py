@@ -73,3 +73,103 @@ def test_peft_causal_lm_wraps_and_trains():
     assert len(changed) == len(lora) > 0
     out = peft_model.generate(ids[:, :3], max_new_tokens=8, block_length=8, return_dict_in_generate=True)
     assert out.sequences.shape == (4, 11)
+
+
+# --- generate speaks transformers -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bundled():
+    from dllm.text import encode_prompts
+
+    model, tok = dllm.load_model("tiny"), dllm.load_tokenizer("tiny")
+    ids, mask = encode_prompts(tok, ["What is 123 + 45 ?", "sort : Pam Lee Ann Max Bob Oli Ned Eve"])
+    return model, tok, ids, mask
+
+
+def _answers(tok, out, prompt_len):
+    seqs = out.sequences if hasattr(out, "sequences") else out
+    return tok.batch_decode(seqs[:, prompt_len:], skip_special_tokens=True)
+
+
+def test_sampling_switches_and_lengths(bundled):
+    model, tok, ids, mask = bundled
+    P = ids.shape[1]
+    greedy = model.generate(ids, attention_mask=mask, temperature=0.0)
+    assert torch.equal(model.generate(ids, attention_mask=mask, do_sample=False, temperature=0.9), greedy)
+    sampled = model.generate(ids, attention_mask=mask, do_sample=True, seed=3, return_dict_in_generate=True)
+    same = model.generate(ids, attention_mask=mask, temperature=1.0, seed=3, return_dict_in_generate=True)
+    assert torch.equal(sampled.sequences, same.sequences)
+    assert model.generate(ids, attention_mask=mask, max_length=P + 20).shape == (2, P + 20)
+
+
+def test_max_new_tokens_of_any_size_cuts_the_answer(bundled):
+    model, tok, ids, mask = bundled
+    P = ids.shape[1]
+    full = model.generate(ids, attention_mask=mask, max_new_tokens=64, block_length=32, return_dict_in_generate=True)
+    assert _answers(tok, full, P) == ["168", "Ann Bob Eve Lee Max Ned Oli Pam"]
+    assert full.finish_reason == ["stop", "stop"]
+    short = model.generate(ids, attention_mask=mask, max_new_tokens=6, block_length=32, return_dict_in_generate=True)
+    assert short.sequences.shape == (2, P + 6) and short.step_map.shape == (2, 6)
+    assert short.finish_reason == ["stop", "length"]  # "168" + EOS fits in 6 tokens, the sorted list does not
+    assert short.generated_tokens.tolist() == [5, 6]
+    assert _answers(tok, short, P)[0] == "168" and "Ann Bob" in _answers(tok, short, P)[1]
+    assert torch.equal(short.sequences[0], full.sequences[0, : P + 6])
+    assert bool((short.num_forwards <= full.num_forwards).all())
+
+
+def test_num_return_sequences_and_special_ids(bundled):
+    model, tok, ids, mask = bundled
+    out = model.generate(ids, attention_mask=mask, num_return_sequences=3, return_dict_in_generate=True)
+    assert out.sequences.shape[0] == 6
+    assert _answers(tok, out, ids.shape[1]) == ["168"] * 3 + ["Ann Bob Eve Lee Max Ned Oli Pam"] * 3
+    # eos_token_id overridden to an id never generated: rows run to the end of the canvas
+    never = tok.convert_tokens_to_ids("<|unk|>")
+    with pytest.warns(UserWarning, match="stops at one id"):
+        longer = model.generate(ids[:1], attention_mask=mask[:1], eos_token_id=[never, tok.eos_token_id],
+                            max_new_tokens=8, return_dict_in_generate=True)
+    assert longer.finish_reason == ["length"]
+    with pytest.raises(dllm.GenerationConfigError, match="num_return_sequences"):
+        model.generate(ids, num_return_sequences=0)
+    with pytest.raises(dllm.GenerationConfigError, match="unknown generation option"):
+        model.generate(ids, no_such_option=1)
+
+
+def test_a_transformers_generation_config(bundled):
+    import warnings
+
+    from transformers import GenerationConfig
+
+    model, tok, ids, mask = bundled
+    cfg = GenerationConfig(max_new_tokens=8, do_sample=True, temperature=0.01, num_return_sequences=2,
+                           return_dict_in_generate=True)  # transformers allows n > 1 only when sampling
+    out = model.generate(ids, attention_mask=mask, generation_config=cfg)
+    assert out.sequences.shape == (4, ids.shape[1] + 8) and _answers(tok, out, ids.shape[1])[0] == "168"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.generate(ids, attention_mask=mask, generation_config=GenerationConfig(num_beams=4, repetition_penalty=1.3,
+                                                                                   max_new_tokens=8))
+    [warning] = [w for w in caught if "generate ignores" in str(w.message)]
+    assert "num_beams=4" in str(warning.message) and "repetition_penalty=1.3" in str(warning.message)
+    with pytest.raises(TypeError, match="generation_config"):
+        model.generate(ids, generation_config={"max_new_tokens": 8})
+
+
+def test_text_generation_pipeline(bundled):
+    from transformers import pipeline
+
+    model, tok, _, _ = bundled
+    pipe = pipeline("text-generation", model=model, tokenizer=tok)
+    [chat] = pipe([{"role": "user", "content": "reverse : Ann Bob Cal"}], max_new_tokens=8)
+    assert chat["generated_text"][-1] == {"role": "assistant", "content": "Cal Bob Ann"}
+    [plain] = pipe("<|user|> What is 12 + 30 ? <|assistant|>", max_new_tokens=8, return_full_text=False)
+    assert plain["generated_text"] == "42"
+
+
+def test_a_transformers_streamer_stops_at_max_new_tokens(bundled, capsys):
+    from transformers import TextStreamer
+
+    model, tok, ids, mask = bundled
+    model.generate(ids[1:], attention_mask=mask[1:], max_new_tokens=4, streamer=TextStreamer(tok, skip_prompt=True))
+    streamed = capsys.readouterr().out.strip()
+    assert streamed == tok.decode(model.generate(ids[1:], attention_mask=mask[1:], max_new_tokens=4)[0, ids.shape[1]:],
+                                  skip_special_tokens=True).strip()
+    assert len(streamed.split()) <= 4

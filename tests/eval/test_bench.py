@@ -241,3 +241,62 @@ def test_pareto_plot_names_many_methods_in_a_legend(tmp_path, monkeypatch):
     report["results"] = report["results"][:3]
     pareto_plot(report, str(tmp_path / "few.png"))
     assert calls["annotate"] == 3  # few methods: each point carries its own label
+
+
+def test_the_frontier_drawn_is_the_one_named():
+    import matplotlib.pyplot as plt
+
+    from dllm.eval.bench import pareto_axes, pareto_frontier
+
+    dominated = [{"label": "vanilla", "tpf": 1.0, "accuracy": 80.0}, {"label": "d2f", "tpf": 5.0, "accuracy": 90.0},
+                 {"label": "threshold", "tpf": 4.0, "accuracy": 85.0}]
+    assert pareto_frontier(dominated) == [(5.0, 90.0)]
+    fig, ax = pareto_axes({"model": "m", "suite": "gsm", "n": 5, "results": dominated})
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == ["Pareto frontier (one point dominates)"] and not ax.get_lines()
+    plt.close(fig)
+    trade = dominated[:2] + [{"label": "lopa", "tpf": 7.0, "accuracy": 86.0}]
+    assert pareto_frontier(trade) == [(5.0, 90.0), (7.0, 86.0)]
+    fig, ax = pareto_axes({"model": "m", "suite": "gsm", "n": 5, "results": trade})
+    [line] = ax.get_lines()
+    assert list(line.get_xdata()) == [5.0, 7.0] and ax.get_legend_handles_labels()[1] == ["Pareto frontier"]
+    plt.close(fig)
+
+
+def test_coinciding_points_are_drawn_side_by_side():
+    import matplotlib.pyplot as plt
+
+    from dllm.eval.bench import pareto_axes, spread_offsets
+
+    rows = [{"label": "d2f", "tpf": 4.92, "accuracy": 94.5}, {"label": "lopa k=2", "tpf": 6.05, "accuracy": 91.5},
+            {"label": "lopa k=4", "tpf": 6.05, "accuracy": 91.5}, {"label": "lopa k=8", "tpf": 6.05, "accuracy": 91.5}]
+    assert spread_offsets(rows) == [0.0, -7.0, 0.0, 7.0]
+    fig, ax = pareto_axes({"model": "m", "suite": "gsm", "n": 5, "results": rows})
+    fig.canvas.draw()
+    centres = [tuple(c.get_offset_transform().transform(c.get_offsets()[0])) for c in ax.collections[:4]]
+    assert len(set(centres)) == 4  # four distinct places on the canvas, none hidden under another
+    plt.close(fig)
+
+
+def test_a_sweep_skips_methods_that_ignore_its_key():
+    ms = apply_sweep(parse_methods("vanilla,threshold,d2f"), "threshold=0.5,0.9")
+    assert [m.label for m in ms] == ["vanilla", "threshold:threshold=0.5", "threshold:threshold=0.9", "d2f"]
+    ms = apply_sweep(parse_methods("vanilla,d2f,lopa:lopa_branches=2"), "skip_threshold=0.8,0.9")
+    assert len(ms) == 5
+    with pytest.raises(BenchSpecError, match="reads threshold"):
+        apply_sweep(parse_methods("vanilla,d2f"), "threshold=0.5")
+    from dllm import GenerationConfigError
+
+    with pytest.raises(GenerationConfigError, match="treshold"):
+        apply_sweep(parse_methods("vanilla,threshold"), "treshold=0.5")
+
+
+def test_every_generation_option_is_read_by_some_strategy():
+    import dataclasses
+
+    from dllm import DiffusionGenerationConfig
+    from dllm.decoding.registry import COMMON_OPTIONS, STRATEGIES
+
+    fields = {f.name for f in dataclasses.fields(DiffusionGenerationConfig)}
+    named = set(COMMON_OPTIONS).union(*(s.options for s in STRATEGIES.values()))
+    assert named == fields

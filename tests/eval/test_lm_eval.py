@@ -86,3 +86,29 @@ def test_dllm_lm_eval_user_errors_are_one_line(ckpt, monkeypatch, model_args, ta
                                  "--tasks", tasks, "--include_path", str(d / "tasks")])
     assert r.exit_code == 2, r.output
     assert msg in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.slow
+def test_the_stock_lm_eval_command_against_dllm_serve(ckpt, served_tiny_d2f, tmp_path):
+    """The other route, with nothing of dllm's inside lm-eval: `lm_eval --model local-chat-completions`
+    (lm-eval's `api` extra) against `dllm serve`, on the same local task."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    d, _, _ = ckpt
+    lm_eval = shutil.which("lm_eval", path=os.path.dirname(sys.executable))
+    if lm_eval is None:
+        pytest.skip("lm-eval's command is not installed beside this python")
+    pytest.importorskip("tenacity", reason="lm-eval's api extra: pip install 'lm-eval[api]'")
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    url = f"http://127.0.0.1:{served_tiny_d2f}/v1/chat/completions"
+    run = subprocess.run([lm_eval, "--model", "local-chat-completions", "--model_args",
+                          f"model=tiny-d2f,base_url={url},tokenizer_backend=None,num_concurrent=1",
+                          "--apply_chat_template", "--tasks", "dllm_local_gen", "--include_path", str(d / "tasks"),
+                          "--output_path", str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    [result] = list((tmp_path / "out").rglob("results_*.json"))
+    score = json.loads(result.read_text())["results"]["dllm_local_gen"]["exact_match,none"]
+    assert score >= 2 / 3  # the bundled model answers these arith prompts (3 of them)

@@ -254,6 +254,17 @@ def test_known_fields_that_cannot_be_honoured_are_refused(client, extra, param):
     assert err.body["code"] == "unsupported_parameter"
 
 
+def test_vllm_sampling_extras_are_honoured(client):
+    base = {"model": MODEL, "prompt": "hello", "max_tokens": 8, "temperature": 0}
+    filled = client.completions.create(**base, extra_body={"ignore_eos": True, "block_length": 8})
+    assert filled.usage.completion_tokens == 8 and filled.choices[0].finish_reason == "length"
+    assert filled.model_extra["dllm"]["settings"]["ignore_eos"] is True
+    late = client.completions.create(**base, extra_body={"min_tokens": 8, "min_p": 0.1, "block_length": 8})
+    assert late.usage.completion_tokens == 8
+    err = _error(lambda: client.completions.create(**base, extra_body={"min_tokens": 9}))
+    assert err.body["param"] == "min_tokens"
+
+
 def test_fields_at_values_that_change_nothing_are_accepted(client):
     r = client.completions.create(model=MODEL, prompt="hi", max_tokens=4, temperature=0, user="u-1",
                                   extra_body={"repetition_penalty": 1.0, "store": False, "skip_special_tokens": True})

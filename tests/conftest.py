@@ -1,0 +1,41 @@
+"""Fixtures shared by every test package."""
+
+import pytest
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served_tiny_d2f():
+    """``dllm serve --model tiny-d2f`` on a free loopback port, as the docs start it; yields the port."""
+    import contextlib
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    proc = subprocess.Popen([sys.executable, "-m", "dllm.cli", "serve", "--model", "tiny-d2f", "--port", str(port)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
+                    break
+            assert time.time() < deadline, "the server did not become ready in 120 s"
+            time.sleep(0.5)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
