@@ -1,7 +1,7 @@
 """One accuracy-vs-TPF Pareto plot from several ``dllm bench --json`` reports of the same model and suites.
 
-    python benchmarks/merge_pareto.py docs/results/d2f-threshold-n600.json docs/results/lopa-alpha-n600.json \
-        docs/results/lopa-threshold-n600.json --out docs/results/pareto-lopa-vs-threshold.png
+    python benchmarks/merge_pareto.py docs/results/d2f-threshold-n600-2026-12-05.json docs/results/lopa-alpha-n600-2026-12-05.json \
+        docs/results/lopa-threshold-n600-2026-12-05.json --out docs/results/pareto-lopa-vs-threshold-2026-12-05.png
 
 Methods that appear in several reports (the shared baseline) are plotted once. Reports of other
 models, suites, sample sizes or seeds are refused: their points would not be comparable.
