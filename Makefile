@@ -23,8 +23,11 @@ venv: $(VPY)
 install-demo: venv
 	$(PIP) install -q -e ".[eval]"
 
+# DeepSpeed builds against the torch already installed (no build isolation, which would fetch a CUDA torch);
+# its 2-process CPU ZeRO-2 run is part of the tests
 install-test: venv
 	$(PIP) install -q -e ".[test]"
+	@$(VPY) -c "import deepspeed" 2>/dev/null || $(PIP) install -q --no-build-isolation "deepspeed>=0.15"
 
 demo: install-demo
 	$(VPY) -m dllm.eval.demo

@@ -1,11 +1,16 @@
-"""Training: masked-diffusion SFT and D2F distillation on a shared engine (see ``dllm.training.engine``)."""
+"""Training: masked-diffusion SFT, D2F distillation and TPF-aware GRPO on a shared engine (see
+``dllm.training.engine``). From Python, like trl::
+
+    from dllm.training import SFTConfig, SFTTrainer
+    SFTTrainer(model="tiny", args=SFTConfig(max_steps=100), train_dataset=rows).train()
+"""
 
 from .config import ConfigError, DistillConfig, SFTConfig, TrainConfig, load_config
 from .engine import RunDirInUse, RunResult, Trainer, TrainingDiverged
 
 __all__ = [
-    "ConfigError", "DistillConfig", "DistillTrainer", "RunDirInUse", "RunResult", "SFTConfig", "SFTTrainer",
-    "TrainConfig", "Trainer", "TrainingDiverged", "load_config",
+    "ConfigError", "DistillConfig", "DistillTrainer", "GRPOConfig", "GRPOTrainer", "RunDirInUse", "RunResult",
+    "SFTConfig", "SFTTrainer", "TrainConfig", "Trainer", "TrainingDiverged", "load_config",
 ]
 
 
@@ -18,4 +23,8 @@ def __getattr__(name):  # trainers import peft/accelerate lazily
         from .distill import DistillTrainer
 
         return DistillTrainer
+    if name in ("GRPOConfig", "GRPOTrainer"):
+        from . import grpo
+
+        return getattr(grpo, name)
     raise AttributeError(name)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -68,17 +69,24 @@ def _run(kind: str, config: Path | None, overrides: list[str] | None, resume: bo
     if show is True:  # called as a plain function the default is typer's OptionInfo, which is truthy
         print_config(cfg)
         return
+    from .launch import start_missing_cpu_processes
+
+    start_missing_cpu_processes()  # accelerate launch --cpu --num_processes N started only this process
     try:
         result = _trainer(kind)(cfg).run()
     except (ConfigError, CheckpointError, DataFileError, RunDirInUse) as err:  # found once the run reads its inputs
         fail(str(err))
     except TrainingDiverged as err:
         fail(f"training diverged: {err}", code=1)
+    if int(os.environ.get("RANK", "0") or 0) != 0:  # one summary per run, not one per process
+        return
     if result.status == "interrupted":
         typer.echo(f"interrupted at step {result.step}; checkpoint {result.checkpoint}; "
                    f"resume with: --config {config} --resume", err=True)
     else:
-        typer.echo(f"finished at step {result.step}; model: {result.export_dir}", err=True)
+        # the run's log has said why a run updated nothing; the last line must not read as a normal finish
+        none = " without an update" if result.updates == 0 else ""
+        typer.echo(f"finished at step {result.step}{none}; model: {result.export_dir}", err=True)
 
 
 @train_app.command(context_settings={"allow_extra_args": False})

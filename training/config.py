@@ -58,7 +58,9 @@ class ModelSection:
 
 @dataclass
 class DataSection:
-    tasks: dict = field(default_factory=lambda: dict(SUITE_WEIGHTS))  # suite -> sampling weight
+    # suite -> sampling weight. None (unset): every suite at weight 1, or none when the trainer gets a
+    # train_dataset in Python (the dataset alone, as in trl); recipes and the CLI always resolve it
+    tasks: dict | None = None
     max_new_tokens: int = 48  # generation length: answers + EOS are padded with EOS up to it
     # fixed: always pad to max_new_tokens (LLaDA SFT). random: per batch, pad to a length between the
     # longest answer and max_new_tokens, skewed short by eos_pad_power (cheaper, and teaches every
@@ -72,8 +74,11 @@ class DataSection:
     # twice as often.
     suite_options: dict = field(default_factory=dict)
     # your own JSON Lines files, path -> sampling weight, mixed with data.tasks (training.files for the
-    # two accepted forms); set data.tasks to {} to train on the files alone. SFT and distill only.
+    # two accepted forms); set data.tasks to {} to train on the files alone. GRPO reads their prompts and
+    # scores completions by exact match against the file's answers, or with reward.functions
     files: dict = field(default_factory=dict)
+    # sampling weight of the examples given to the trainer in Python (train_dataset=), against the above
+    dataset_weight: float = 1.0
 
 
 @dataclass
@@ -110,6 +115,19 @@ class TrainConfig:
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     optim: OptimSection = field(default_factory=OptimSection)
+
+    def __post_init__(self) -> None:
+        # Python habit: SFTConfig(model={"path": "tiny"}, optim={"lr": 3e-4}) fills a section from a dict,
+        # on top of that config's own section defaults (DistillConfig's optim differs from SFTConfig's)
+        defaults = {f.name: f for f in dataclasses.fields(self)}
+        for name, t in _hints(type(self)).items():
+            value = getattr(self, name, None)
+            if dataclasses.is_dataclass(t) and isinstance(value, dict):
+                f = defaults[name]
+                section = f.default_factory() if f.default_factory is not dataclasses.MISSING else t()
+                setattr(self, name, section)
+                for k, v in value.items():
+                    _set(section, [k], v, type(self), f"{name}.{k}")
 
 
 @dataclass
@@ -169,7 +187,7 @@ def valid_keys(cls, prefix: str = "") -> list[str]:
         if dataclasses.is_dataclass(t):
             keys += valid_keys(t, f"{prefix}{f.name}.")
         else:
-            keys.append(f"{prefix}{f.name}" + (".*" if _origin(t) is dict else ""))
+            keys.append(f"{prefix}{f.name}" + (".*" if _origin(_strip_optional(t)[0]) is dict else ""))
     return keys
 
 
@@ -281,6 +299,9 @@ def parse_override(text: str) -> tuple[str, str]:
 def load_config(cls, path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()):
     """``cls()`` updated by the YAML recipe at ``path`` and then by ``key=value`` overrides."""
     cfg = cls()
+    # a recipe run has no train_dataset: the unset suite mix is every suite, before the recipe and the
+    # overrides change it (so data.tasks.gsm=3 changes one weight of the five)
+    resolve_tasks(cfg, has_dataset=False)
     if path is not None:
         path = Path(path)
         if not path.exists():
@@ -296,9 +317,22 @@ def load_config(cls, path: str | Path | None = None, overrides: list[str] | tupl
     return cfg
 
 
-def validate(cfg: TrainConfig) -> None:
+def resolve_tasks(cfg: TrainConfig, has_dataset: bool) -> None:
+    """Give an unset ``data.tasks`` its value: every suite at weight 1, or none beside a train_dataset."""
+    if cfg.data.tasks is None:
+        cfg.data.tasks = {} if has_dataset else dict(SUITE_WEIGHTS)
+
+
+def validate(cfg: TrainConfig, has_dataset: bool = False, require_answers: bool = True) -> None:
+    """ConfigError when the config cannot run. ``has_dataset``: the trainer was given a train_dataset
+    (a source of its own); ``require_answers=False`` lets data files hold prompts alone (GRPO with
+    reward functions)."""
+
     def bad(msg):
         raise ConfigError(msg)
+
+    if cfg.data.tasks is None:
+        resolve_tasks(cfg, has_dataset)
 
     if cfg.max_steps < 1:
         bad("max_steps must be >= 1")
@@ -319,14 +353,19 @@ def validate(cfg: TrainConfig) -> None:
     weights = {**cfg.data.tasks, **cfg.data.files}
     if bad_weights := [k for k, w in weights.items() if not _is_weight(w)]:
         bad(f"data.tasks / data.files weights must be numbers >= 0; check {bad_weights}")
+    if has_dataset:
+        if not _is_weight(cfg.data.dataset_weight):
+            bad(f"data.dataset_weight={cfg.data.dataset_weight!r} must be a number >= 0")
+        weights["train_dataset"] = cfg.data.dataset_weight
     if sum(float(w) for w in weights.values()) <= 0:
-        bad("data.tasks and data.files need at least one source with a positive weight")
+        bad("data.tasks, data.files" + (" and data.dataset_weight" if has_dataset else "")
+            + " need at least one source with a positive weight")
     from dllm.eval.tasks.jsonl import DataFileError, read_records
 
     for path, w in cfg.data.files.items():
         try:  # every line now, not after a large model has loaded
             if float(w) > 0:
-                read_records(path)
+                read_records(path, require_answers)
         except DataFileError as err:
             bad(f"data.files: {err} (JSON Lines, one example per line; docs/training.md, \"Your own data\")")
     if cfg.data.suite_options and (err := suite_options_error(cfg.data)):

@@ -86,13 +86,16 @@ class TaskStream:
     deterministic suite chunks or file epochs (``dllm.training.files``), so the stream's position is just
     (batches drawn, cursors) and resuming continues exactly where an uninterrupted run would be.
     ``max_length`` (the model's context) drops file examples whose prompt leaves no room for the
-    answer region; ``notes`` says what each file contributed.
+    answer region; ``notes`` says what each file contributed. ``dataset``: the records of a
+    ``train_dataset`` given in Python, one more source (weight ``cfg.dataset_weight``), read like a file.
     """
 
     def __init__(self, tokenizer, cfg: DataSection, batch_size: int, seed: int, rank: int = 0,
-                 pad_multiple: int = 1, world_size: int = 1, max_length: int | None = None) -> None:
+                 pad_multiple: int = 1, world_size: int = 1, max_length: int | None = None,
+                 dataset: list | None = None) -> None:
         from dllm.eval.tasks import get_suite
 
+        from .datasets import DATASET_LABEL
 
         self.tokenizer = tokenizer
         self.cfg = cfg
@@ -115,12 +118,21 @@ class TaskStream:
         self.notes: list[str] = []
         file_weights = {p: float(w) for p, w in cfg.files.items() if float(w) > 0}
         gen_cap = -(-cfg.max_new_tokens // self.pad_multiple) * self.pad_multiple
+        max_prompt = None if max_length is None else max_length - gen_cap
         for path, label in source_labels(file_weights).items():
-            src = FileSource(path, label, tokenizer, cfg.max_new_tokens, seed, rank, world_size,
-                             None if max_length is None else max_length - gen_cap)
+            src = FileSource(path, label, tokenizer, cfg.max_new_tokens, seed, rank, world_size, max_prompt)
             self.files[label] = src
             weights[label] = file_weights[path]
             self.notes.append(f"data file {path} ({label}): {src.summary()}")
+        if dataset is not None and float(cfg.dataset_weight) > 0:
+            label = DATASET_LABEL
+            while label in weights:  # a data file with that stem
+                label += "_"
+            src = FileSource(DATASET_LABEL, label, tokenizer, cfg.max_new_tokens, seed, rank, world_size, max_prompt,
+                             records=dataset)
+            self.files[label] = src
+            weights[label] = float(cfg.dataset_weight)
+            self.notes.append(f"{DATASET_LABEL}: {src.summary()}")
         self.names = list(weights)
         self.weights = [weights[n] for n in self.names]
         self.batches = 0

@@ -35,7 +35,7 @@ class DistillTrainer(Trainer):
         if not (cfg.model.path or cfg.model.grow_from):
             raise ConfigError("distillation starts from a trained model: set model.path (e.g. tiny), or "
                               "model.grow_from with a model.config to grow it into")
-        self.tokenizer = load_tokenizer_for(cfg.model, cfg.data.files)
+        self.tokenizer = load_tokenizer_for(cfg.model, cfg.data.files, self.dataset_texts())
         student = init_model(cfg.model, self.tokenizer, attention_policy="block_causal", block_size=cfg.block_size)
         self.teacher = None
         if cfg.teacher:
@@ -98,7 +98,7 @@ class DistillTrainer(Trainer):
     def export(self, model, out_dir: Path) -> None:
         cfg: DistillConfig = self.cfg
         info = {"trainer": self.name, "steps": cfg.max_steps, "config": to_dict(cfg)}
-        gen = generation_defaults(self.tokenizer, cfg.data.max_new_tokens, cfg.block_size)
+        gen = generation_defaults(self.tokenizer, cfg.data.max_new_tokens, cfg.block_size, start=cfg.model.path)
         state_dict = self.export_state_dict
         if cfg.lora.enabled:
             # D2F ships adapters for the unmodified base; we also write the merged block-causal model.

@@ -12,6 +12,7 @@ generator and the data stream position (``TrainState``), and the step counter.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import shutil
@@ -26,8 +27,9 @@ import yaml
 from accelerate.utils import DistributedType
 
 from .checkpointing import latest_checkpoint, list_checkpoints, save_checkpoint
-from .config import ConfigError, TrainConfig, to_dict
+from .config import ConfigError, TrainConfig, resolve_tasks, to_dict, validate
 from .data import Batch, TaskStream
+from .files import DataFileError
 from .precision import slow_precision_warning
 from .run_log import RunLogger
 
@@ -47,6 +49,8 @@ class RunResult:
     run_dir: Path
     checkpoint: Path | None
     export_dir: Path | None
+    updates: int | None = None  # optimizer steps this run made (GRPO: an RL step may make none)
+    note: str | None = None  # what the summary line should add, e.g. that no step updated the model
 
 
 class LRSchedule:
@@ -110,10 +114,15 @@ class _StopFlag:
         self._old.clear()
 
 
+def export_path(cfg) -> Path:
+    """Where the final model goes: ``export_dir``, else ``<run_dir>/final`` (so overriding run_dir moves it)."""
+    return Path(cfg.export_dir) if cfg.export_dir else Path(cfg.run_dir) / "final"
+
+
 def make_run_folders(cfg, run_dir: Path) -> None:
     """Create ``run_dir`` and the export folder's parent now, not after hours of training: a folder
     that cannot be made is a recipe mistake (ConfigError, one line from the CLI)."""
-    export_dir = Path(cfg.export_dir) if cfg.export_dir else run_dir / "final"
+    export_dir = export_path(cfg)
     for folder, key in ((run_dir, "run_dir"), (export_dir.parent, "export_dir")):
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -121,16 +130,109 @@ def make_run_folders(cfg, run_dir: Path) -> None:
             raise ConfigError(f"{key}: cannot create {folder}: {err.strerror or err}") from None
 
 
+def make_accelerator(mixed_precision: str):
+    """The run's Accelerator, from the launcher's environment (accelerate launch, torchrun or none)."""
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    handlers = []
+    if _deepspeed_without_gpu():
+        # accelerate leaves its backend unset for DeepSpeed on a machine without GPUs and then reports one
+        # process of rank 0 on every rank, while DeepSpeed counts them all (train_batch_size 16 != 16 * 1 * 2);
+        # naming DeepSpeed's CPU backend makes accelerate read the real world size and rank
+        handlers.append(InitProcessGroupKwargs(backend="gloo"))
+    return Accelerator(mixed_precision=mixed_precision, kwargs_handlers=handlers)
+
+
+def _deepspeed_without_gpu() -> bool:
+    """A DeepSpeed rank on a machine with no GPU (nor any other torch accelerator)."""
+    probe = getattr(getattr(torch, "accelerator", None), "is_available", None)
+    device = probe() if probe is not None else torch.cuda.is_available()
+    return (os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+            and int(os.environ.get("LOCAL_RANK", -1)) != -1 and not device
+            and os.environ.get("ACCELERATE_USE_CPU", "false").lower() not in ("1", "true", "yes"))
+
+
+def world_size(accelerator) -> int:
+    """Processes in the run: torch.distributed's count when it is up (what DeepSpeed checks against)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return accelerator.num_processes
+
+
+def deepspeed_batch_geometry(micro_batch: int, grad_accum: int, world: int, grad_clip: float) -> dict:
+    """The DeepSpeed config values the recipe decides (the JSONs in recipes/deepspeed/ leave them "auto"):
+    DeepSpeed requires train_batch_size == micro-batch x accumulation x world size."""
+    return {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": grad_accum,
+            "train_batch_size": micro_batch * grad_accum * world, "gradient_clipping": float(grad_clip or 0.0)}
+
+
+def announce_rank(accelerator, name: str) -> None:
+    """Every process says which rank it is (a launch that started fewer processes than asked shows at once)."""
+    import sys
+
+    print(f"[dllm.train] {name}: rank {accelerator.process_index} of {world_size(accelerator)} "
+          f"({accelerator.distributed_type.value}, {accelerator.device})", file=sys.stderr, flush=True)
+
+
 class Trainer:
+    """A trainer runs one config: ``SFTTrainer(cfg).run()``, or like trl,
+    ``SFTTrainer(args=SFTConfig(...), model="tiny", train_dataset=rows).train()``.
+
+    ``model``: a bundled name or checkpoint directory (sets ``model.path``). ``train_dataset``: a list of
+    dicts, a dict of columns or a ``datasets.Dataset``, rows in the JSON Lines forms (``prompt`` +
+    ``completion``/``response``/``answer``, or ``messages``); mixed with ``data.tasks`` and
+    ``data.files`` at ``data.dataset_weight``. An unset ``data.tasks`` means the dataset alone. The
+    config is copied: the trainer's own is ``trainer.cfg``.
+    """
+
     config_class = TrainConfig
     name = "train"
+    requires_answers = True  # train_dataset rows must hold answers (GRPO with reward functions does not)
 
-    def __init__(self, cfg: TrainConfig) -> None:
+    def __init__(self, cfg: TrainConfig | None = None, *, args: TrainConfig | None = None, model: str | None = None,
+                 train_dataset=None) -> None:
+        if cfg is not None and args is not None:
+            raise TypeError(f"{type(self).__name__} takes its config once: cfg or args=, not both")
+        cfg = cfg if cfg is not None else args
+        cfg = copy.deepcopy(cfg) if cfg is not None else self.config_class()
+        if not isinstance(cfg, self.config_class):
+            raise TypeError(f"{type(self).__name__} takes a {self.config_class.__name__}, not {type(cfg).__name__}")
+        if model is not None:
+            if not isinstance(model, (str, os.PathLike)):
+                raise TypeError(f"model= takes a bundled name or a checkpoint directory, not a {type(model).__name__} "
+                                "object: save it with save_pretrained(DIR) and pass DIR")
+            cfg.model.path = str(model)
+            cfg.model.grow_from = None
+        self.train_records = None
+        if train_dataset is not None:
+            from .datasets import dataset_records
+
+            try:
+                self.train_records = dataset_records(train_dataset, self.requires_answers)
+            except DataFileError as err:
+                raise ConfigError(str(err)) from None
+        resolve_tasks(cfg, has_dataset=self.train_records is not None)
         self.cfg = cfg
+        self.validate()
         self.tokenizer = None
         self.model: torch.nn.Module | None = None
         self.is_deepspeed = False
         self.export_state_dict: dict | None = None
+
+    def validate(self) -> None:
+        """ConfigError when the config cannot run (recipes are checked at load; Python configs here)."""
+        validate(self.cfg, has_dataset=self.train_records is not None)
+
+    def train(self) -> RunResult:
+        """``run()``, under trl's name."""
+        return self.run()
+
+    def dataset_texts(self) -> list[str]:
+        """The words of the train_dataset (a tokenizer built from scratch learns them)."""
+        from dllm.eval.tasks.jsonl import record_words
+
+        return [t for r in self.train_records or [] for t in record_words(r)]
 
     # -- subclass hooks ---------------------------------------------------------------------------
     def setup_models(self) -> None:
@@ -167,17 +269,17 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self) -> RunResult:
-        from accelerate import Accelerator
-
         cfg = self.cfg
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         run_dir = Path(cfg.run_dir)
-        accelerator = Accelerator(mixed_precision=cfg.mixed_precision)
+        accelerator = make_accelerator(cfg.mixed_precision)
         self.accelerator = accelerator
         self.is_deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
         if self.is_deepspeed:
             self._configure_deepspeed(accelerator)
+        if world_size(accelerator) > 1:
+            announce_rank(accelerator, self.name)
         main = accelerator.is_main_process
         if main:
             make_run_folders(cfg, run_dir)
@@ -207,7 +309,7 @@ class Trainer:
         conf = getattr(accelerator.unwrap_model(model), "config", None)
         context = getattr(conf, "max_sequence_length", None) or getattr(conf, "max_position_embeddings", None)
         stream = TaskStream(self.tokenizer, cfg.data, cfg.batch_size, cfg.seed, rank, self.pad_multiple(),
-                            accelerator.num_processes, context)
+                            accelerator.num_processes, context, dataset=self.train_records)
         generator = torch.Generator().manual_seed(cfg.seed * 7919 + rank)
         state = TrainState(stream, generator)
         accelerator.register_for_checkpointing(scheduler, state)
@@ -317,10 +419,7 @@ class Trainer:
         """Batch geometry and clipping come from the recipe, not from the DeepSpeed JSON ("auto" there)."""
         cfg = self.cfg
         ds = accelerator.state.deepspeed_plugin.deepspeed_config
-        ds["train_micro_batch_size_per_gpu"] = cfg.batch_size
-        ds["gradient_accumulation_steps"] = cfg.grad_accum
-        ds["train_batch_size"] = cfg.batch_size * cfg.grad_accum * accelerator.num_processes
-        ds["gradient_clipping"] = float(cfg.optim.grad_clip or 0.0)
+        ds.update(deepspeed_batch_geometry(cfg.batch_size, cfg.grad_accum, world_size(accelerator), cfg.optim.grad_clip))
 
     def _clip(self, model, accelerator) -> torch.Tensor:
         if self.is_deepspeed:  # clipped inside the engine step (gradient_clipping); report its norm
@@ -362,7 +461,7 @@ class Trainer:
         return -(-self.cfg.data.max_new_tokens // m) * m
 
     def _export(self, accelerator, model, run_dir: Path) -> Path:
-        out = Path(self.cfg.export_dir) if self.cfg.export_dir else run_dir / "final"
+        out = export_path(self.cfg)
         accelerator.wait_for_everyone()
         # ZeRO-3 partitions the weights: gather a full state dict (a collective: every rank calls it)
         self.export_state_dict = accelerator.get_state_dict(model) if self.is_deepspeed else None

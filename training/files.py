@@ -15,21 +15,42 @@ from __future__ import annotations
 
 import random
 
-from dllm.eval.tasks.jsonl import DataFileError, read_records, record_texts, source_labels
+from dllm.eval.tasks.jsonl import DataFileError, Record, read_records, record_texts, source_labels
 
 from .encoding import encode_answer, encode_messages
 
-__all__ = ["DataFileError", "FileSource", "read_records", "record_texts", "source_labels"]
+__all__ = ["DataFileError", "EpochOrder", "FileSource", "read_records", "record_texts", "source_labels"]
+
+
+class EpochOrder:
+    """Position ``cursor`` of rank ``rank`` of ``world_size`` in a seeded per-epoch permutation of ``n`` items:
+    item ``perm[epoch][(cursor * world_size + rank) % n]``, so ranks read disjoint items within an epoch."""
+
+    def __init__(self, n: int, seed: int, label: str, rank: int = 0, world_size: int = 1) -> None:
+        self.n, self.seed, self.label = n, seed, label
+        self.rank, self.world_size = rank, max(1, world_size)
+        self._perm: tuple[int, list[int]] | None = None
+
+    def index(self, cursor: int) -> int:
+        epoch, i = divmod(cursor * self.world_size + self.rank, self.n)
+        if self._perm is None or self._perm[0] != epoch:
+            order = list(range(self.n))
+            random.Random(f"{self.seed}:{self.label}:{epoch}").shuffle(order)
+            self._perm = (epoch, order)
+        return self._perm[1][i]
 
 
 class FileSource:
-    """The tokenized examples of one file, read in a seeded per-epoch order shared by all ranks."""
+    """The tokenized examples of one file (or of ``records`` given in Python: ``path`` then only names
+    them), read in a seeded per-epoch order shared by all ranks."""
 
     def __init__(self, path: str, label: str, tokenizer, max_new_tokens: int, seed: int, rank: int = 0,
-                 world_size: int = 1, max_prompt_tokens: int | None = None) -> None:
+                 world_size: int = 1, max_prompt_tokens: int | None = None,
+                 records: list[Record] | None = None) -> None:
         self.path, self.label = path, label
         self.seed, self.rank, self.world_size = seed, rank, max(1, world_size)
-        records = read_records(path)
+        what = "data file " if records is None else ""
+        records = read_records(path) if records is None else records
         unk = tokenizer.unk_token_id
         self.examples: list[tuple[list[int], list[int]]] = []
         self.too_long_answer = self.too_long_prompt = self.with_unk = 0
@@ -45,9 +66,9 @@ class FileSource:
             self.examples.append((q, a))
         self.read = len(records)
         if not self.examples:
-            raise DataFileError(f"data file {path}: none of its {self.read} examples fits ({self.summary()}); "
-                                f"raise data.max_new_tokens or shorten the examples")
-        self._perm: tuple[int, list[int]] | None = None
+            raise DataFileError(f"{what}{path}: none of its {self.read} examples "
+                                f"fits ({self.summary()}); raise data.max_new_tokens or shorten the examples")
+        self.order = EpochOrder(len(self.examples), seed, label, rank, world_size)
 
     def summary(self) -> str:
         parts = [f"{len(self.examples):,} of {self.read:,} examples used"]
@@ -61,9 +82,4 @@ class FileSource:
 
     def example(self, cursor: int) -> tuple[list[int], list[int]]:
         """This rank's ``cursor``-th example: position ``cursor * world_size + rank`` of the epoch order."""
-        epoch, i = divmod(cursor * self.world_size + self.rank, len(self.examples))
-        if self._perm is None or self._perm[0] != epoch:
-            order = list(range(len(self.examples)))
-            random.Random(f"{self.seed}:{self.label}:{epoch}").shuffle(order)
-            self._perm = (epoch, order)
-        return self.examples[self._perm[1][i]]
+        return self.examples[self.order.index(cursor)]

@@ -42,9 +42,21 @@ from .config import (
     to_dict,
     validate,
 )
-from .engine import LRSchedule, RunDirInUse, RunResult, Trainer, _StopFlag, make_run_folders
+from .engine import (
+    LRSchedule,
+    RunDirInUse,
+    RunResult,
+    Trainer,
+    _StopFlag,
+    announce_rank,
+    make_accelerator,
+    make_run_folders,
+    world_size,
+)
+from .files import read_records, source_labels
 from .models import export_model, generation_defaults, init_model, load_tokenizer_for
 from .precision import slow_precision_warning
+from .rewards import Scorer, check_signature, function_name, load_reward_function
 from .rl_objectives import (
     ACC_NORMS,
     ADV_NORMS,
@@ -65,7 +77,7 @@ from .rl_objectives import (
     trajectory_views,
     view_logprobs,
 )
-from .rollouts import PromptStream, Rollouts, evaluate_decoding, generate_rollouts
+from .rollouts import PromptStream, RecordPrompts, Rollouts, evaluate_decoding, generate_rollouts
 from .run_log import RunLogger
 
 # decoders whose every forward sees exactly "prompt + tokens committed so far + masks" (cache="none"),
@@ -90,6 +102,14 @@ class RolloutSection:
 
 @dataclass
 class RewardSection:
+    # your reward functions, "module:function" or "path/to/file.py:function" (dllm.training.rewards for the
+    # signature): their weighted sum replaces the verifier / exact-match score as the task reward
+    functions: list = field(default_factory=list)
+    function_weights: list = field(default_factory=list)  # one per function; empty: 1.0 each
+    # with reward functions: a rollout whose weighted reward is at least this counts as correct (for
+    # filter.require_correct, loss.nll_on=correct and the accuracy metric); the midpoint of a 0/1
+    # correctness reward, so a small shaping term beside it (a length penalty) does not undo a right answer
+    correct_threshold: float = 0.5
     accuracy: str = "correct"  # correct: the verifier's strict flag (0/1) | score: its graded reward in [0, 1]
     accuracy_norm: str = "pm1"  # pm1: 2a-1 unnormalised (paper) | z_score: in-group (released code) | none
     tpf_norm: str = "z_score"  # z_score (paper/code) | minmax | none
@@ -157,16 +177,25 @@ class GRPOConfig(TrainConfig):
         lr=1e-6, weight_decay=0.0, betas=[0.9, 0.999], schedule="constant", warmup_steps=10))
 
 
-def validate_grpo(cfg: GRPOConfig) -> None:
-    validate(cfg)
+def validate_grpo(cfg: GRPOConfig, has_dataset: bool = False, python_functions: int = 0) -> list:
+    """ConfigError when the config cannot run; returns the reward functions ``reward.functions`` names
+    (imported now, so a wrong path fails before any model loads). ``python_functions``: how many
+    reward functions the trainer was given in Python (they replace ``reward.functions``)."""
+    functions = [] if python_functions else [load_reward_function(p) for p in cfg.reward.functions]
+    n_functions = python_functions or len(functions)
+    # without reward functions every prompt needs a reference answer to be scored against
+    validate(cfg, has_dataset=has_dataset, require_answers=n_functions == 0)
 
     def bad(msg):
         raise ConfigError(msg)
 
     r, w, f, lo = cfg.rollout, cfg.reward, cfg.filter, cfg.loss
-    if any(float(v) > 0 for v in cfg.data.files.values()):
-        bad("data.files is for sft and distill: GRPO rewards verified answers, so it draws prompts from the task "
-            "suites (data.tasks) only")
+    if w.function_weights and len(w.function_weights) != n_functions:
+        bad(f"reward.function_weights has {len(w.function_weights)} weights for {n_functions} reward functions; "
+            "give one per function (or none: 1.0 each)")
+    for x in w.function_weights:
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            bad(f"reward.function_weights must be numbers; got {x!r}")
     if not cfg.model.path:
         bad("GRPO starts from a trained model: set model.path (e.g. tiny-d2f or a checkpoint directory)")
     if r.group_size < 2:
@@ -197,6 +226,7 @@ def validate_grpo(cfg: GRPOConfig) -> None:
         bad("loss.d1_prompt_mask must be in [0, 1)")
     if cfg.evaluation.threshold is not None and not 0 < cfg.evaluation.threshold <= 1:
         bad(f"evaluation.threshold={cfg.evaluation.threshold} must be in (0, 1] (or null: the rollout's)")
+    return functions
 
 
 def load_grpo_config(path=None, overrides=()) -> GRPOConfig:
@@ -247,14 +277,36 @@ def _mix_seed(*parts: int) -> int:
 
 
 class GRPOTrainer(Trainer):
+    """TPF-aware GRPO. Like trl: ``GRPOTrainer(model="tiny-d2f", reward_funcs=[fn, ...],
+    args=GRPOConfig(...), train_dataset=rows).train()``; ``reward_funcs`` (callables or
+    ``"module:function"`` strings, weighted by ``reward.function_weights``) replace ``reward.functions``,
+    and rows need no reference answer then (``dllm.training.rewards``)."""
+
     config_class = GRPOConfig
     name = "grpo"
 
-    def __init__(self, cfg: GRPOConfig) -> None:
-        validate_grpo(cfg)
-        super().__init__(cfg)
+    def __init__(self, cfg: GRPOConfig | None = None, *, args: GRPOConfig | None = None, model: str | None = None,
+                 train_dataset=None, reward_funcs=None) -> None:
+        if reward_funcs is not None and not isinstance(reward_funcs, (list, tuple)):
+            reward_funcs = [reward_funcs]
+        self._given_functions = []
+        for i, fn in enumerate(reward_funcs or []):
+            if isinstance(fn, str):
+                fn = load_reward_function(fn)
+            elif not callable(fn):
+                raise TypeError(f"reward_funcs[{i}] is a {type(fn).__name__}: give a function or 'module:function'")
+            check_signature(fn, function_name(fn))
+            self._given_functions.append(fn)
+        named = getattr(getattr(cfg if cfg is not None else args, "reward", None), "functions", None)
+        self.requires_answers = not (self._given_functions or named)  # a reward function may need no reference
+        super().__init__(cfg, args=args, model=model, train_dataset=train_dataset)
         self.ref_model = None
         self.core = None  # the DiffusionLM under any LoRA wrapper
+
+    def validate(self) -> None:
+        loaded = validate_grpo(self.cfg, self.train_records is not None, len(self._given_functions))
+        w = self.cfg.reward
+        self.scorer = Scorer(self._given_functions or loaded, w.function_weights, w.correct_threshold)
 
     # -- models ------------------------------------------------------------------------------
     def setup_models(self) -> None:
@@ -450,7 +502,7 @@ class GRPOTrainer(Trainer):
             ro = generate_rollouts(policy, self.tokenizer, examples, r.group_size, self.rollout_config,
                                    batch_size=r.batch_size,
                                    seed=_mix_seed(cfg.seed, accelerator.process_index, state.step, rnd),
-                                   truncated_is_wrong=cfg.reward.truncated_is_wrong)
+                                   truncated_is_wrong=cfg.reward.truncated_is_wrong, scorer=self.scorer)
             all_parts.append(ro)
             sampled += need
             if cfg.filter.enabled:
@@ -468,7 +520,8 @@ class GRPOTrainer(Trainer):
                 "accuracy": float(every.correct.double().mean()), "reward": float(every.score.mean()),
                 "tpf": float(every.tpf.mean()), "gen_tokens": float(every.lengths.double().mean()),
                 "forwards": float(every.forwards.double().mean()),
-                "truncated": float((~(every.gen_ids == self.tokenizer.eos_token_id).any(-1)).double().mean())}
+                "truncated": float((~(every.gen_ids == self.tokenizer.eos_token_id).any(-1)).double().mean()),
+                **self.scorer.means()}
         batch = Rollouts.cat(kept_parts, pad) if kept_parts else None
         if batch is not None:
             info.update(accuracy_kept=float(batch.correct.double().mean()), tpf_kept=float(batch.tpf.mean()))
@@ -477,7 +530,9 @@ class GRPOTrainer(Trainer):
     def reward_terms(self, ro: Rollouts) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """(accuracy [groups, G], TPF [groups, G], advantage kwargs) of the rollouts."""
         w = self.cfg.reward
-        acc = ro.grouped(ro.correct.double() if w.accuracy == "correct" else ro.score)
+        # with reward functions the task reward is their weighted sum (ro.score); correct only thresholds it
+        graded = w.accuracy == "score" or bool(self.scorer.functions)
+        acc = ro.grouped(ro.score if graded else ro.correct.double())
         kwargs = {"acc_norm": w.accuracy_norm, "tpf_norm": w.tpf_norm, "acc_weight": w.accuracy_weight,
                   "tpf_weight": w.tpf_weight, "decoupled": w.decoupled}
         return acc, ro.grouped(ro.tpf), kwargs
@@ -510,16 +565,17 @@ class GRPOTrainer(Trainer):
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> RunResult:
-        from accelerate import Accelerator
         from accelerate.utils import DistributedType
 
         cfg: GRPOConfig = self.cfg
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         run_dir = Path(cfg.run_dir)
-        accelerator = Accelerator(mixed_precision=cfg.mixed_precision)
+        accelerator = make_accelerator(cfg.mixed_precision)
         self.accelerator = accelerator
         self.is_deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
+        if world_size(accelerator) > 1:
+            announce_rank(accelerator, self.name)
         if self.is_deepspeed:
             self._configure_deepspeed(accelerator)
             stage = accelerator.state.deepspeed_plugin.deepspeed_config.get("zero_optimization", {}).get("stage", 0)
@@ -549,8 +605,9 @@ class GRPOTrainer(Trainer):
         model, optimizer = accelerator.prepare(model, optimizer)
         self.model = model
         rank = accelerator.process_index
+        sources, source_weights, notes = self.record_sources(rank, accelerator.num_processes)
         stream = PromptStream(cfg.data.tasks, cfg.seed, rank, cfg.data.chunk_size,
-                              "per_batch" if cfg.data.mix == "per_batch" else "per_example")
+                              "per_batch" if cfg.data.mix == "per_batch" else "per_example", sources, source_weights)
         self._check_lengths(stream)
         state = GRPOState(stream, torch.Generator().manual_seed(cfg.seed * 7919 + rank))
         accelerator.register_for_checkpointing(scheduler, state)
@@ -575,12 +632,22 @@ class GRPOTrainer(Trainer):
                     f"{r.prompts_per_step} prompts x {r.group_size} rollouts x {accelerator.num_processes} processes; "
                     f"rollouts {self.rollout_config.strategy} T={self.rollout_config.temperature} "
                     f"block={self.rollout_config.block_length}; estimator {lo.estimator}")
+        for note in notes:
+            log.message(note)
+        if self.scorer.functions:
+            log.message("rewards: " + " + ".join(f"{w:g} x {n}" for n, w in zip(self.scorer.names, self.scorer.weights))
+                        + f" (correct at >= {self.scorer.correct_threshold:g}), TPF x {cfg.reward.tpf_weight:g}")
+        if cfg.eval_every and not self.stream_suites():
+            log.message("eval_every: data.tasks has no task suite to score held-out prompts on; in-training "
+                        "evaluation is off")
         if cfg.eval_every and self.cfg.evaluation.at_start and state.step == 0:
             self._rl_eval(accelerator, log, 0)
 
         stop = _StopFlag()
         stop.install()
         status = "finished"
+        steps_run = idle_steps = 0
+        updates_before = state.updates
         try:
             while state.step < cfg.max_steps:
                 t0 = time.time()
@@ -589,11 +656,16 @@ class GRPOTrainer(Trainer):
                 info.update(self._update(model, optimizer, scheduler, batch_ro, state, accelerator, run_dir))
                 t2 = time.time()
                 state.step += 1
+                steps_run += 1
                 log.advance()
                 info.update(rollout_s=t1 - t0, update_s=t2 - t1, lr=scheduler.get_last_lr()[0],
                             tokens_per_s=info["rollouts"] * info["gen_tokens"] / max(t1 - t0, 1e-9))
+                note = None
+                if info["updates"] == 0:  # a loss of 0.0000 would read as a perfect step
+                    idle_steps += 1
+                    note = f"no update: {self.filtered_reason(info)}"
                 if state.step % cfg.log_every == 0 or state.step == cfg.max_steps:
-                    log.log(state.step, info)
+                    log.log(state.step, info, note=note)
                 if cfg.eval_every and state.step % cfg.eval_every == 0 and state.step < cfg.max_steps:
                     self._rl_eval(accelerator, log, state.step)
                 if stop.signal is not None:
@@ -611,10 +683,69 @@ class GRPOTrainer(Trainer):
                     self._rl_eval(accelerator, log, state.step)
                 export_dir = self._export(accelerator, model, run_dir)
                 log.message(f"done: step {state.step}; model exported to {export_dir}")
-            return RunResult(status, state.step, run_dir, last_good, export_dir)
+            summary = self.update_summary(steps_run, idle_steps, state.updates - updates_before)
+            if summary:
+                log.message(summary)
+            return RunResult(status, state.step, run_dir, last_good, export_dir, updates=state.updates - updates_before,
+                             note=summary)
         finally:
             stop.restore()
             log.close()
+
+    def filtered_reason(self, info: dict) -> str:
+        """Why a step had nothing to train on, in the filter's terms."""
+        f = self.cfg.filter
+        rules = []
+        if f.enabled and f.require_correct:
+            rules.append("a correct rollout")
+        if f.enabled and f.tpf_range > 0:
+            rules.append(f"a TPF range >= {f.tpf_range:g}")
+        kept = f"{info.get('groups_kept', 0)} of {info.get('groups_sampled', 0)} groups kept"
+        return (f"every group was filtered ({kept}; a group needs {' and '.join(rules)})" if rules
+                else f"no rollout to train on ({kept})")
+
+    def update_summary(self, steps: int, idle: int, updates: int) -> str | None:
+        """The end-of-run line about updates: None when every RL step updated the policy."""
+        if steps == 0 or idle == 0:
+            return None
+        if updates == 0:
+            f = self.cfg.filter
+            hints = []
+            if f.enabled and f.require_correct:
+                hints.append("filter.require_correct=false")
+            if f.enabled and f.tpf_range > 0:
+                hints.append("a smaller filter.tpf_range or a lower rollout.threshold (rollouts that differ in speed)")
+            hints.append("prompts the model partly solves (docs/rl.md, \"Metrics\")")
+            return (f"no update: every group was filtered in all {steps} RL steps, so the exported model is the one "
+                    f"the run started from. Try {'; '.join(hints)}")
+        return f"{idle} of {steps} RL steps made no update (every group filtered); {updates} optimizer steps in all"
+
+    def record_sources(self, rank: int, world: int) -> tuple[dict, dict, list[str]]:
+        """The prompt sources beside the suites: data files and the train_dataset (label -> RecordPrompts)."""
+        from .datasets import DATASET_LABEL
+
+        cfg: GRPOConfig = self.cfg
+        g = cfg.data.max_new_tokens
+        conf = getattr(self.core, "config", None)
+        context = getattr(conf, "max_sequence_length", None) or getattr(conf, "max_position_embeddings", None)
+        common = {"tokenizer": self.tokenizer, "max_new_tokens": g, "seed": cfg.seed, "rank": rank, "world_size": world,
+                  "max_prompt_tokens": None if context is None else context - g,
+                  "answers_must_fit": not self.scorer.functions}
+        sources, weights, notes = {}, {}, []
+        file_weights = {p: float(w) for p, w in cfg.data.files.items() if float(w) > 0}
+        for path, label in source_labels(file_weights).items():
+            records = read_records(path, require_answer=not self.scorer.functions)
+            sources[label] = RecordPrompts(records, label, where=f"data file {path}", **common)
+            weights[label] = file_weights[path]
+            notes.append(f"data file {path} ({label}): {sources[label].summary()}")
+        if self.train_records is not None and float(cfg.data.dataset_weight) > 0:
+            label = DATASET_LABEL
+            while label in sources or label in cfg.data.tasks:
+                label += "_"
+            sources[label] = RecordPrompts(self.train_records, label, where=DATASET_LABEL, **common)
+            weights[label] = float(cfg.data.dataset_weight)
+            notes.append(f"{DATASET_LABEL}: {sources[label].summary()}")
+        return sources, weights, notes
 
     def _check_lengths(self, stream: PromptStream) -> None:
         g = self.cfg.data.max_new_tokens
@@ -633,7 +764,7 @@ class GRPOTrainer(Trainer):
         if accelerator.num_processes > 1:
             total = accelerator.reduce(total, reduction="sum")
         if float(total.sum()) == 0:
-            return {"updates": 0, "loss": 0.0}
+            return {"updates": 0}  # no loss: nothing was trained on (the log says why)
         device = accelerator.device
         unwrapped = accelerator.unwrap_model(model)
         adv_stats = self.batch_stats(ro, accelerator)
@@ -704,6 +835,8 @@ class GRPOTrainer(Trainer):
                     losses.append(stats["loss"])
                     for k, v in stats.items():
                         stats_tot[k] = stats_tot.get(k, 0.0) + v
+        if n_updates == 0:
+            return {"updates": 0}
         tokens = max(stats_tot.get("tokens", 0.0), 1.0)
         out = {"updates": n_updates, "loss": sum(losses) / max(1, len(losses)),
                "pg_loss": stats_tot.get("pg_loss", 0.0) / max(1, len(losses)),
@@ -724,7 +857,7 @@ class GRPOTrainer(Trainer):
         return float(accelerator.reduce(flag, reduction="sum").sum()) == 0
 
     def _rl_eval(self, accelerator, log: RunLogger, step: int) -> None:
-        if accelerator.is_main_process:
+        if accelerator.is_main_process and self.stream_suites():
             policy = accelerator.unwrap_model(self.model)
             scores = {}
             for strategy in self.cfg.evaluation.strategies:

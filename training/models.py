@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from dllm.errors import CheckpointError
 from dllm.loading import load_model, resolve_model_path
 from dllm.modeling import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
 from dllm.tokenization import UNK_TOKEN, build_tokenizer, load_tokenizer, special_token_ids, tag_origin
@@ -15,9 +16,9 @@ from dllm.tokenization import UNK_TOKEN, build_tokenizer, load_tokenizer, specia
 from .config import TAG_HEADS, ModelSection
 
 
-def load_tokenizer_for(section: ModelSection, data_files=()):
+def load_tokenizer_for(section: ModelSection, data_files=(), extra_texts=()):
     """The tokenizer named in the recipe, else the checkpoint's, else one built from the task suites
-    (and the words of ``data_files``, the recipe's JSON Lines files)."""
+    (and the words of ``data_files``, the recipe's JSON Lines files, and ``extra_texts``: a train_dataset's)."""
     if section.tokenizer:
         return load_tokenizer(resolve_model_path(section.tokenizer))
     if section.path or section.grow_from:
@@ -28,7 +29,7 @@ def load_tokenizer_for(section: ModelSection, data_files=()):
     from .data import suite_texts
     from .files import record_texts
 
-    return build_tokenizer(suite_texts() + record_texts(data_files), pad_numbers=section.pad_numbers,
+    return build_tokenizer(suite_texts() + record_texts(data_files) + list(extra_texts), pad_numbers=section.pad_numbers,
                            number_tokens=section.number_tokens,
                            number_tags=section.number_tags, number_tag_style=section.number_tag_style,
                            number_tag_digits=section.number_tag_digits,
@@ -214,10 +215,15 @@ def grow_depth(model: torch.nn.Module, source: torch.nn.Module) -> dict[int, int
     return mapping
 
 
-def generation_defaults(tokenizer, max_new_tokens: int, block_size: int | None) -> dict:
+def generation_defaults(tokenizer, max_new_tokens: int, block_size: int | None, start: str | Path | None = None) -> dict:
     """Decoding defaults shipped in ``generation_config.json`` under the ``"dllm"`` key (read by
     ``model.generate``): Fast-dLLM threshold decoding for bidirectional models, the D2F pipeline
-    for block-causal ones, both over the canvas length the model was trained for."""
+    for block-causal ones, both over the canvas length the model was trained for.
+
+    ``start``: the checkpoint training began from. When it has the same attention (bidirectional or
+    block-causal), its decoding defaults carry over (a fine-tuned ``tiny-d2f`` keeps its tuned
+    ``skip_threshold``), and only what training decides is replaced: the canvas length, the block
+    size of a block-causal model and the special ids of the tokenizer."""
     ids = special_token_ids(tokenizer)
     if block_size:
         fields = {"strategy": "d2f", "block_length": int(block_size)}
@@ -226,6 +232,10 @@ def generation_defaults(tokenizer, max_new_tokens: int, block_size: int | None) 
         fields = {"strategy": "threshold", "block_length": block}
     fields.update(max_new_tokens=int(-(-max_new_tokens // (block_size or 1)) * (block_size or 1)),
                   temperature=0.0, remasking="low_confidence", **ids)
+    inherited = _start_defaults(start, block_causal=bool(block_size))
+    if inherited is not None:
+        decided = {"max_new_tokens", *ids, *(("block_length",) if block_size else ())}
+        fields = {**inherited, **{k: v for k, v in fields.items() if k in decided}}
     try:  # validate against the generation config when the decoding package is present
         from dllm.decoding.config import FILE_KEY, DiffusionGenerationConfig
 
@@ -234,6 +244,21 @@ def generation_defaults(tokenizer, max_new_tokens: int, block_size: int | None) 
         return {FILE_KEY: fields}
     except ImportError:
         return {"dllm": fields}
+
+
+def _start_defaults(start, block_causal: bool) -> dict | None:
+    """The ``"dllm"`` decoding defaults of the checkpoint ``start`` when its attention matches, else None."""
+    if start is None:
+        return None
+    try:
+        path = resolve_model_path(start)
+        config = json.loads((path / "config.json").read_text())
+        saved = json.loads((path / "generation_config.json").read_text()).get("dllm")
+    except (OSError, ValueError, CheckpointError):
+        return None
+    if not saved or (config.get("attention_policy") == "block_causal") != block_causal:
+        return None
+    return dict(saved)
 
 
 def export_model(model, tokenizer, out_dir: Path, gen_defaults: dict, info: dict,

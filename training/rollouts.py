@@ -20,27 +20,79 @@ import torch
 
 from dllm.text import completion_text, left_pad
 
-from .data import encode_prompt
+from .encoding import encode_answer, encode_messages, encode_prompt
+from .files import DataFileError, EpochOrder
 
 # --------------------------------------------------------------------------------------------
 # prompts
 
 
-class PromptStream:
-    """Infinite, deterministic, resumable train prompts over a weighted suite mix.
+class RecordPrompts:
+    """The prompts of a data file or a ``train_dataset`` as suite-like examples, in a seeded per-epoch
+    order shared by every rank (rank ``r`` of ``w`` reads positions ``r, r + w, ...``).
 
-    Round ``k`` of process ``rank`` picks its suites from ``Random((seed, rank, k))``; examples come
-    from per-suite cursors into deterministic chunks (``suite.examples("train", chunk_size,
-    seed=chunk_seed)``), so the position is (rounds drawn, cursors).
+    Dropped, and counted in ``summary()``: prompts longer than ``max_prompt_tokens`` (no room left for
+    the canvas) and, with ``answers_must_fit`` (exact-match scoring), examples whose reference answer
+    plus EOS is longer than the canvas (``max_new_tokens``): no rollout could ever match it.
     """
 
-    def __init__(self, tasks: dict, seed: int, rank: int = 0, chunk_size: int = 2048, mix: str = "per_example") -> None:
+    def __init__(self, records: list, label: str, tokenizer, max_new_tokens: int, seed: int, rank: int = 0,
+                 world_size: int = 1, max_prompt_tokens: int | None = None, answers_must_fit: bool = True,
+                 where: str | None = None) -> None:
+        from dllm.eval.tasks import Example
+
+        self.label, self.where = label, where or label
+        self.read, self.too_long_prompt, self.too_long_answer = len(records), 0, 0
+        self.examples = []
+        for i, r in enumerate(records):
+            msgs = r.prompt_messages()
+            if max_prompt_tokens is not None and len(encode_messages(tokenizer, msgs)) > max_prompt_tokens:
+                self.too_long_prompt += 1
+                continue
+            if answers_must_fit and len(encode_answer(tokenizer, r.answer)) > max_new_tokens:
+                self.too_long_answer += 1
+                continue
+            prompt = next((c for role, c in reversed(r.messages) if role == "user"), r.messages[-1][1])
+            self.examples.append(Example(f"{label}-{i:05d}", label, prompt, r.answer,
+                                         {"key": f"{label}:{i}", "messages": msgs, "extra": dict(r.extra)}))
+        if not self.examples:
+            raise DataFileError(f"{self.where}: none of its {self.read} examples fits ({self.summary()}); raise "
+                                "data.max_new_tokens or shorten the examples")
+        self.order = EpochOrder(len(self.examples), seed, label, rank, world_size)
+
+    def summary(self) -> str:
+        parts = [f"{len(self.examples):,} of {self.read:,} prompts used"]
+        if self.too_long_prompt:
+            parts.append(f"{self.too_long_prompt:,} dropped: prompt longer than the model's context minus the canvas")
+        if self.too_long_answer:
+            parts.append(f"{self.too_long_answer:,} dropped: reference answer + EOS longer than data.max_new_tokens "
+                         "(exact match could never score it)")
+        return "; ".join(parts)
+
+    def example(self, cursor: int):
+        return self.examples[self.order.index(cursor)]
+
+
+class PromptStream:
+    """Infinite, deterministic, resumable train prompts over a weighted mix of suites and record sources
+    (``RecordPrompts``: data files, a train_dataset).
+
+    Round ``k`` of process ``rank`` picks its sources from ``Random((seed, rank, k))``; suite examples
+    come from per-suite cursors into deterministic chunks (``suite.examples("train", chunk_size,
+    seed=chunk_seed)``), record examples from per-source cursors into their epoch order, so the
+    position is (rounds drawn, cursors).
+    """
+
+    def __init__(self, tasks: dict, seed: int, rank: int = 0, chunk_size: int = 2048, mix: str = "per_example",
+                 sources: dict | None = None, source_weights: dict | None = None) -> None:
         from dllm.eval.tasks import get_suite
 
         weights = {k: float(v) for k, v in tasks.items() if float(v) > 0}
-        if not weights:
-            raise ValueError("no suite with a positive weight")
-        self.suites = {n: get_suite(n) for n in weights}
+        self.sources = dict(sources or {})
+        weights.update({k: float((source_weights or {}).get(k, 1.0)) for k in self.sources})
+        if not any(w > 0 for w in weights.values()):
+            raise ValueError("no prompt source with a positive weight")
+        self.suites = {n: get_suite(n) for n in weights if n not in self.sources}
         self.names = list(weights)
         self.weights = [weights[n] for n in self.names]
         self.seed, self.rank, self.chunk_size, self.mix = seed, rank, chunk_size, mix
@@ -66,6 +118,8 @@ class PromptStream:
     def _take(self, name: str):
         c = self.cursors[name]
         self.cursors[name] = c + 1
+        if name in self.sources:
+            return self.sources[name].example(c)
         return self._chunk(name, c // self.chunk_size)[c % self.chunk_size]
 
     def next(self, n: int) -> list:
@@ -186,16 +240,20 @@ def generate_rollouts(
     batch_size: int = 64,
     seed: int = 0,
     truncated_is_wrong: bool = True,
+    scorer=None,
 ) -> Rollouts:
     """``group_size`` samples of each example through ``model.generate`` (``gen_cfg``: a
-    DiffusionGenerationConfig; its ``seed`` is replaced per generate call from ``seed``)."""
-    from dllm.eval.tasks import get_suite
+    DiffusionGenerationConfig; its ``seed`` is replaced per generate call from ``seed``), scored by
+    ``scorer`` (``dllm.training.rewards.Scorer``; default: the suites' verifiers and exact match)."""
+    from .rewards import Scorer
 
+    scorer = scorer if scorer is not None else Scorer()
     was_training = model.training
     model.eval()
     eos_id = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else tokenizer.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
-    encoded = [encode_prompt(tokenizer, ex.prompt) for ex in examples]
+    encoded = [encode_messages(tokenizer, ex.meta["messages"]) if "messages" in ex.meta
+               else encode_prompt(tokenizer, ex.prompt) for ex in examples]
     rows = [(i, encoded[i]) for i in range(len(examples)) for _ in range(group_size)]
     device = model.get_input_embeddings().weight.device
     prompts, gens, maps, nfes, reasons = [], [], [], [], []
@@ -217,19 +275,18 @@ def generate_rollouts(
     gen_ids, step_map, nfe = torch.cat(gens), torch.cat(maps), torch.cat(nfes)
     lengths, forwards = stop_point(gen_ids, step_map, nfe, eos_id)
     tpf = lengths.double() / forwards.double()
-    texts, correct, score, suites = [], [], [], []
     has_eos = (gen_ids == eos_id).any(-1) if eos_id is not None else torch.ones(len(rows), dtype=torch.bool)
-    for r, (i, _) in enumerate(rows):
-        ex = examples[i]
-        text = completion_text(tokenizer, gen_ids[r].tolist(), eos_id)
-        s = get_suite(ex.suite).score(ex, text)
-        ok, val = bool(s.correct), float(s.reward)
-        if truncated_is_wrong and not bool(has_eos[r]):
-            ok, val = False, 0.0
-        texts.append(text)
-        correct.append(ok)
-        score.append(val)
-        suites.append(ex.suite)
+    row_examples = [examples[i] for i, _ in rows]
+    texts = [completion_text(tokenizer, gen_ids[r].tolist(), eos_id) for r in range(len(rows))]
+    correct, score = scorer(row_examples, texts)
+    correct, score = [bool(c) for c in correct], [float(v) for v in score]
+    suites = [ex.suite for ex in row_examples]
+    if truncated_is_wrong:
+        for r in range(len(rows)):
+            if not bool(has_eos[r]):
+                correct[r] = False
+                if scorer.zero_truncated:
+                    score[r] = 0.0
     prompt_ids, prompt_mask = left_pad(prompts, pad_id)
     return Rollouts(prompt_ids, prompt_mask, gen_ids, step_map, lengths, forwards, tpf,
                     torch.tensor(correct, dtype=torch.bool), torch.tensor(score, dtype=torch.float64),

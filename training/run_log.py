@@ -76,7 +76,9 @@ class RunLogger:
             self.bar = tqdm(total=max_steps, initial=start_step, desc="train", dynamic_ncols=True,
                             mininterval=0.5 if self.tty else 30.0, smoothing=0.05)
 
-    def log(self, step: int, scalars: dict) -> None:
+    def log(self, step: int, scalars: dict, note: str | None = None) -> None:
+        """One row of metrics; ``note`` replaces the loss in the printed line when the step has none
+        (a GRPO step that updated nothing)."""
         if not self.enabled:
             return
         row = {"step": step, **{k: round(v, 6) if isinstance(v, float) else v for k, v in scalars.items()}}
@@ -88,15 +90,18 @@ class RunLogger:
         done = step - self.start_step
         elapsed = time.time() - self.t0
         eta = elapsed / max(done, 1) * (self.max_steps - step)
+        loss = f"loss {scalars['loss']:.4f}" if "loss" in scalars else (note or "no loss")
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{scalars.get('loss', float('nan')):.4f}",
+            self.bar.set_postfix(loss=f"{scalars['loss']:.4f}" if "loss" in scalars else "-",
                                  tok_s=f"{scalars.get('tokens_per_s', 0):.0f}", refresh=False)
         if not self.tty or self.bar is None:
             self.message(
-                f"step {step}/{self.max_steps} loss {scalars.get('loss', float('nan')):.4f} "
+                f"step {step}/{self.max_steps} {loss} "
                 f"lr {scalars.get('lr', 0):.2e} tok/s {scalars.get('tokens_per_s', 0):.0f} "
                 f"elapsed {elapsed / 60:.1f}m eta {eta / 60:.1f}m"
             )
+        elif note:
+            self.message(f"step {step}: {note}")
 
     def log_eval(self, step: int, scores: dict) -> None:
         if not self.enabled:

@@ -47,7 +47,7 @@ class SFTTrainer(Trainer):
     name = "sft"
 
     def setup_models(self) -> None:
-        self.tokenizer = load_tokenizer_for(self.cfg.model, self.cfg.data.files)
+        self.tokenizer = load_tokenizer_for(self.cfg.model, self.cfg.data.files, self.dataset_texts())
         self.model = init_model(self.cfg.model, self.tokenizer)
         self._result_ids = None
         if self.cfg.result_mask_prob > 0:  # fail before training, not at the first step
@@ -82,5 +82,6 @@ class SFTTrainer(Trainer):
     def export(self, model, out_dir: Path) -> None:
         info = {"trainer": self.name, "steps": self.cfg.max_steps, "config": to_dict(self.cfg)}
         export_model(model, self.tokenizer, out_dir,
-                     generation_defaults(self.tokenizer, self.cfg.data.max_new_tokens, self.block_size()), info,
+                     generation_defaults(self.tokenizer, self.cfg.data.max_new_tokens, self.block_size(),
+                                         start=self.cfg.model.path), info,
                      state_dict=self.export_state_dict)

@@ -175,7 +175,9 @@ def test_config_checks_files_and_weights(tmp_path):
 
     g = load_config(GRPOConfig, None, ["model.path=tiny-d2f"])
     g.data.files = {str(f): 1.0}
-    with pytest.raises(ConfigError, match="data.files is for sft and distill"):
+    validate_grpo(g)  # GRPO reads a file's prompts and scores them against its answers
+    g.data.files = {str(bad): 1.0}  # a prompt alone has nothing to match without a reward function
+    with pytest.raises(ConfigError, match=r"bad.jsonl:3: keys \['prompt'\] are neither form"):
         validate_grpo(g)
 
 

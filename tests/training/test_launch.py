@@ -1,0 +1,114 @@
+"""Multi-process launches on the CPU: ``accelerate launch --cpu --num_processes 2`` runs two ranks (accelerate's
+own CPU launcher starts one), DeepSpeed's batch size is micro-batch x accumulation x world size, and a
+2-process ZeRO-2 run works where DeepSpeed is installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dllm.training.engine import deepspeed_batch_geometry
+from dllm.training.launch import launch_arguments, missing_cpu_processes, relaunch_command, requested_processes
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE_SFT = REPO / "recipes" / "smoke-sft.yaml"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_launch_command_is_read_from_the_parent():
+    py, acc = "/venv/bin/python", "/venv/bin/accelerate"
+    rest = ["--cpu", "--num_processes", "2", "-m", "dllm.training.cli", "sft", "--config", "r.yaml"]
+    assert launch_arguments([py, acc, "launch", *rest]) == rest
+    assert launch_arguments([py, "-m", "accelerate.commands.launch", *rest]) == rest
+    assert launch_arguments([py, "/venv/bin/accelerate-launch", *rest]) == rest
+    assert launch_arguments([py, "-m", "torch.distributed.run", "launch"]) is None
+    assert requested_processes(rest) == (2, 1)
+    assert requested_processes(["--cpu", "--num_processes=3", "train.py"]) == (3, 1)
+    assert requested_processes(["--cpu", "train.py"]) == (None, 1)
+
+
+def test_only_the_lone_process_of_a_cpu_launch_relaunches():
+    cmd = ["/venv/bin/python", "/venv/bin/accelerate", "launch", "--cpu", "--num_processes", "2", "-m",
+           "dllm.training.cli", "sft"]
+    env = {"ACCELERATE_USE_CPU": "True", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}
+    assert missing_cpu_processes(env, cmd) == 2
+    assert missing_cpu_processes({**env, "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, cmd) is None  # already a rank
+    assert missing_cpu_processes({k: v for k, v in env.items() if k != "MASTER_ADDR"}, cmd) is None  # 1 process
+    assert missing_cpu_processes({**env, "ACCELERATE_USE_CPU": "False"}, cmd) is None  # a GPU launch
+    assert missing_cpu_processes(env, ["/venv/bin/python", "train.py"]) is None  # not accelerate
+    assert missing_cpu_processes(env, cmd[:5] + ["1"] + cmd[6:]) is None
+    assert missing_cpu_processes(env, [*cmd[:4], "--num_machines", "2", *cmd[4:]]) is None  # several nodes
+    run = relaunch_command(2, env, ["/x/training/cli.py", "sft", "--config", "r.yaml"], main_module="dllm.training.cli")
+    assert run[1:] == ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                       "--master_port", "29555", "-m", "dllm.training.cli", "sft", "--config", "r.yaml"]
+    assert relaunch_command(2, env, ["/venv/bin/dllm", "train", "sft"], main_module="")[-3:] == [
+        "/venv/bin/dllm", "train", "sft"]
+
+
+def test_deepspeed_batch_size_is_micro_batch_x_accumulation_x_world():
+    assert deepspeed_batch_geometry(16, 1, 2, 1.0) == {
+        "train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 1, "train_batch_size": 32,
+        "gradient_clipping": 1.0}
+    assert deepspeed_batch_geometry(4, 8, 8, 0)["train_batch_size"] == 256  # recipes/llada-8b-sft.yaml on 8 GPUs
+    # the shipped DeepSpeed configs leave exactly these to the trainer
+    for path in (REPO / "recipes" / "deepspeed").glob("*.json"):
+        ds = json.loads(path.read_text())
+        assert all(ds[k] == "auto" for k in deepspeed_batch_geometry(1, 1, 1, 1.0)), path
+    for path in (REPO / "recipes" / "accelerate").glob("zero*.yaml"):
+        conf = yaml.safe_load(path.read_text())
+        assert (REPO / conf["deepspeed_config"]["deepspeed_config_file"]).exists(), path
+
+
+def _launch(cmd, tmp_path, **env) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    for var in ("WORLD_SIZE", "LOCAL_RANK", "RANK", "MASTER_ADDR", "MASTER_PORT", "ACCELERATE_USE_CPU"):
+        env.pop(var, None)
+    return subprocess.run(cmd, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+
+
+def _accelerate() -> list[str]:
+    exe = Path(sys.executable).with_name("accelerate")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "accelerate.commands.launch"]
+
+
+def _sft_args(run) -> list[str]:
+    return ["-m", "dllm.training.cli", "sft", "--config", str(SMOKE_SFT), f"run_dir={run}", "max_steps=2",
+            "num_threads=1", "save_every=0"]
+
+
+@pytest.mark.slow
+def test_accelerate_launch_cpu_runs_two_ranks(tmp_path):
+    acc = _accelerate()
+    launch = [*acc, "launch"] if len(acc) == 1 else acc
+    res = _launch([*launch, "--cpu", "--num_processes", "2", "--main_process_port", str(_port()),
+                   *_sft_args(tmp_path / "run")], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "rank 0 of 2" in res.stderr and "rank 1 of 2" in res.stderr
+    assert "2 steps x 32 examples" in res.stderr  # batch 16 x 2 processes
+    assert res.stderr.count("finished at step 2") == 1 and (tmp_path / "run" / "final" / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_two_process_zero2_on_the_cpu(tmp_path):
+    """The shipped ZeRO-2 config on 2 CPU processes (DeepSpeed's CPU accelerator, gloo)."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is optional: pip install --no-build-isolation deepspeed")
+    acc = _accelerate()
+    launch = [*acc, "launch"] if len(acc) == 1 else acc
+    res = _launch([*launch, "--config_file", str(REPO / "recipes" / "accelerate" / "zero2-8gpu.yaml"),
+                   "--num_processes", "2", "--main_process_port", str(_port()), *_sft_args(tmp_path / "run")],
+                  REPO)  # the accelerate config names the DeepSpeed JSON relative to the repository
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "rank 0 of 2 (DEEPSPEED" in res.stderr and "rank 1 of 2 (DEEPSPEED" in res.stderr
+    assert "2 steps x 32 examples" in res.stderr and (tmp_path / "run" / "final" / "model.safetensors").exists()
