@@ -79,14 +79,20 @@ def info(
     except (*USER_ERRORS, OSError) as err:
         fail(str(err))
         return
-    block_causal = cfg.get("attention_policy") == "block_causal"
+    from dllm.modeling import family_of
+
+    family = family_of(cfg)
+    block_causal = cfg.get("attention_policy", family.attention) == "block_causal"
     defaults = DiffusionGenerationConfig().to_dict()
     facts = {
         "model": model,
         "path": str(path),
+        "family": family.name,
+        "architecture": family.architecture,
         "model_type": cfg.get("model_type"),
         "parameters": parameters,
         "attention": "block_causal" if block_causal else "bidirectional",
+        "logits": family.logits,
         "block_size": cfg.get("block_size") if block_causal else None,
         "context_length": cfg.get("max_sequence_length") or cfg.get("max_position_embeddings"),
         "vocab_size": cfg.get("vocab_size"),

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from .errors import CheckpointError
-from .modeling import MODEL_TYPES, DiffusionLM
+from .modeling import DiffusionLM, family_of
 from .modeling.configuration import ATTENTION_POLICIES
 
 BUNDLED_DIR = Path(__file__).parent / "bundled"
@@ -74,11 +74,7 @@ def check_checkpoint_dir(path: Path, allow_pickle: bool = False) -> dict:
         config = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{cfg_file} is not valid JSON ({err})") from None
-    model_type = config.get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise CheckpointError(
-            f"{cfg_file} has model_type={model_type!r}; dllm loads: {', '.join(MODEL_TYPES)}"
-        )
+    family_of(config, where=str(cfg_file))  # a format dllm loads, or a CheckpointError naming the supported ones
     has_st = (path / "model.safetensors").exists() or (path / "model.safetensors.index.json").exists()
     has_bin = (path / "pytorch_model.bin").exists() or (path / "pytorch_model.bin.index.json").exists()
     if not has_st:
@@ -154,10 +150,8 @@ def load_model(
     unmodified bidirectional base and runs block-causal). ``adapter`` is a PEFT LoRA directory,
     merged into the weights unless ``merge_adapter=False``.
     """
-    from transformers import AutoModel
-
     path = resolve_model_path(name_or_path)
-    check_checkpoint_dir(path, allow_pickle=allow_pickle)
+    family = family_of(check_checkpoint_dir(path, allow_pickle=allow_pickle))
     if device is not None:
         check_device(device)
     kwargs: dict = {"use_safetensors": not allow_pickle or None}
@@ -175,7 +169,7 @@ def load_model(
         kwargs["attention_policy"] = attention_policy
     if block_size is not None:
         kwargs["block_size"] = block_size
-    model = AutoModel.from_pretrained(str(path), **kwargs)
+    model = family.model_class.from_pretrained(str(path), **kwargs)  # dispatched on architectures[0]
     if adapter is not None:
         model = attach_adapter(model, adapter, merge=merge_adapter)
     if device is not None and device_map is None:

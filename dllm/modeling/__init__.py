@@ -5,16 +5,21 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelF
 from .attention_masks import block_ids, build_attention_mask
 from .configuration import ATTENTION_POLICIES, CheckpointConfigError, CoreSpec, DreamConfig, LLaDAConfig
 from .core import DiffusionLM, DiffusionLMOutput, DreamModel, LLaDAModelLM
+from .families import FAMILIES, Family, family_of
 from .kv_cache import CACHE_MODES, DiffusionKVCache, positions_from_mask
-
-MODEL_TYPES = {"llada": (LLaDAConfig, LLaDAModelLM), "Dream": (DreamConfig, DreamModel)}
 
 
 def _register() -> None:
-    for model_type, (config_cls, model_cls) in MODEL_TYPES.items():
-        AutoConfig.register(model_type, config_cls, exist_ok=True)
+    """Each family's config and model class with the transformers Auto classes (the first family of a
+    model_type owns it there; dllm.load_model dispatches on architectures[0] itself)."""
+    seen = set()
+    for family in FAMILIES:
+        if family.model_type in seen:
+            continue
+        seen.add(family.model_type)
+        AutoConfig.register(family.model_type, family.config_class, exist_ok=True)
         for auto in (AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM):
-            auto.register(config_cls, model_cls, exist_ok=True)
+            auto.register(family.config_class, family.model_class, exist_ok=True)
 
 
 _register()
@@ -22,5 +27,5 @@ _register()
 __all__ = [
     "ATTENTION_POLICIES", "CACHE_MODES", "CheckpointConfigError", "CoreSpec", "DiffusionKVCache",
     "DiffusionLM", "DiffusionLMOutput", "DreamConfig", "DreamModel", "LLaDAConfig", "LLaDAModelLM",
-    "MODEL_TYPES", "block_ids", "build_attention_mask", "positions_from_mask",
+    "FAMILIES", "Family", "block_ids", "build_attention_mask", "family_of", "positions_from_mask",
 ]

@@ -294,7 +294,7 @@ def test_broken_checkpoint_dirs_fail_clearly(tmp_path):
     with pytest.raises(CheckpointError, match="not valid JSON"):
         load_model(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(CheckpointError, match="llada, Dream"):
+    with pytest.raises(CheckpointError, match=r"model_type='bert'; dllm loads: LLaDAModelLM \(llada\), DreamModel"):
         load_model(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llada"}))
     with pytest.raises(CheckpointError, match="no weights"):
@@ -335,3 +335,14 @@ def test_device_map_through_accelerate(tmp_path):
         ids = _ids()
         assert torch.equal(loaded(ids).logits, model(ids).logits)
         assert {p.device.type for p in loaded.parameters()} == {"cpu"}
+
+
+def test_the_family_is_found_by_architecture_then_model_type():
+    from dllm.errors import CheckpointError
+    from dllm.modeling import family_of
+
+    assert family_of({"architectures": ["DreamModel"], "model_type": "Dream"}).name == "Dream"
+    assert family_of({"model_type": "llada"}).architecture == "LLaDAModelLM"  # no architectures: the model type
+    # a known model_type with an unknown architecture is not loaded as the dense family that shares it
+    with pytest.raises(CheckpointError, match="LLaDAMoEModelLM"):
+        family_of({"architectures": ["LLaDAMoEModelLM"], "model_type": "llada"})
