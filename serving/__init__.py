@@ -7,7 +7,7 @@ __all__ = ["ServerSettings", "create_app"]
 
 def __getattr__(name: str):
     if name == "create_app":  # FastAPI is an optional extra: import it only when asked for
-        from .api import create_app
+        from .app import create_app
 
         return create_app
     raise AttributeError(name)

@@ -79,9 +79,10 @@ def serve(
     from dllm.decoding.config import parse_overrides
     from dllm.errors import CheckpointError
 
-    from .api import ModelBundle, create_app, load_bundle
+    from .app import create_app
     from .branch import BranchParallelUnavailable, start_executor
     from .settings import ServerSettings
+    from .state import ModelBundle, load_bundle
 
     try:
         settings = ServerSettings(generation_defaults=parse_overrides(options or []), model=model,
@@ -101,7 +102,7 @@ def serve(
         return
     remote = None
     if engine_process:
-        from .api import ServerState
+        from .state import ServerState
 
         state = ServerState(settings, None)
         try:

@@ -9,8 +9,9 @@ import httpx
 import pytest
 import torch
 
-from dllm.serving.api import create_app, load_bundle
+from dllm.serving.app import create_app
 from dllm.serving.settings import ServerSettings
+from dllm.serving.state import load_bundle
 from dllm.serving.testing import TEST_MODEL as MODEL
 from dllm.serving.testing import build_checkpoint, running_server
 

@@ -116,7 +116,7 @@ def test_serve_process_with_branch_parallel_workers(ckpt):
 
 
 def test_app_loads_its_model_in_the_background(ckpt, one_thread):
-    from dllm.serving.api import create_app
+    from dllm.serving.app import create_app
     from dllm.serving.settings import ServerSettings
     from dllm.serving.testing import running_server
 

@@ -18,7 +18,7 @@ import time
 import httpx
 import pytest
 
-from dllm.serving.api import create_app
+from dllm.serving.app import create_app
 from dllm.serving.engine_process import MetricsRecorder, RemoteEngine, apply_metric_ops
 from dllm.serving.errors import ServingError, queue_full
 from dllm.serving.metrics import ServerMetrics
