@@ -23,8 +23,12 @@ def __getattr__(name):  # trainers import peft/accelerate lazily
         from .distill import DistillTrainer
 
         return DistillTrainer
-    if name in ("GRPOConfig", "GRPOTrainer"):
-        from . import grpo
+    if name == "GRPOConfig":
+        from .grpo_config import GRPOConfig
 
-        return getattr(grpo, name)
+        return GRPOConfig
+    if name == "GRPOTrainer":
+        from .grpo import GRPOTrainer
+
+        return GRPOTrainer
     raise AttributeError(name)

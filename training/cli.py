@@ -35,7 +35,7 @@ def _load(kind: str, config: Path | None, overrides: list[str]):
     from .config import DistillConfig, SFTConfig, load_config
 
     if kind == "grpo":
-        from .grpo import load_grpo_config
+        from .grpo_config import load_grpo_config
 
         return load_grpo_config(config, overrides)
     return load_config(SFTConfig if kind == "sft" else DistillConfig, config, overrides)

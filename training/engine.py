@@ -18,7 +18,7 @@ import os
 import shutil
 import signal
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,6 +175,42 @@ def announce_rank(accelerator, name: str) -> None:
           f"({accelerator.distributed_type.value}, {accelerator.device})", file=sys.stderr, flush=True)
 
 
+class StepMeter:
+    """What ``log_every`` steps add up to: mean loss (overall and per suite), tokens/s over the training
+    time only (evaluation and checkpoint writes are paused out), the last gradient norm."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.losses, self.suites, self.tokens, self.t, self.pause_s = [], {}, 0, time.time(), 0.0
+        self.last: dict = {}
+
+    def add(self, info: dict) -> None:
+        self.losses += info["losses"]
+        for suite, values in info["suites"].items():
+            self.suites.setdefault(suite, []).extend(values)
+        self.tokens += info["tokens"]
+        self.last = info
+
+    @contextmanager
+    def paused(self):
+        t0 = time.time()
+        try:
+            yield
+        finally:
+            self.pause_s += time.time() - t0
+
+    def flush(self, lr: float) -> tuple[dict, str | None]:
+        dt = max(time.time() - self.t - self.pause_s, 1e-9)
+        scalars = {"loss": sum(self.losses) / max(1, len(self.losses)), "lr": lr, "grad_norm": self.last["grad_norm"],
+                   "tokens_per_s": self.tokens / dt, "tokens_seen": self.last["tokens_seen"]}
+        for name, values in sorted(self.suites.items()):
+            scalars[f"loss_{name}"] = sum(values) / len(values)
+        self._reset()
+        return scalars, None
+
+
 class Trainer:
     """A trainer runs one config: ``SFTTrainer(cfg).run()``, or like trl,
     ``SFTTrainer(args=SFTConfig(...), model="tiny", train_dataset=rows).train()``.
@@ -219,6 +255,7 @@ class Trainer:
         self.model: torch.nn.Module | None = None
         self.is_deepspeed = False
         self.export_state_dict: dict | None = None
+        self.state_notes: list[str] = []  # what make_state found worth saying (data files read, ...)
 
     def validate(self) -> None:
         """ConfigError when the config cannot run (recipes are checked at load; Python configs here)."""
@@ -269,6 +306,9 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self) -> RunResult:
+        """Set up, resume, then ``max_steps`` of :meth:`train_step` with logging, evaluation, checkpoints
+        and the SIGINT/SIGTERM stop; export at the end. Trainers change what a step is (hooks below),
+        never this loop."""
         cfg = self.cfg
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
@@ -276,10 +316,11 @@ class Trainer:
         accelerator = make_accelerator(cfg.mixed_precision)
         self.accelerator = accelerator
         self.is_deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
-        if self.is_deepspeed:
-            self._configure_deepspeed(accelerator)
         if world_size(accelerator) > 1:
             announce_rank(accelerator, self.name)
+        if self.is_deepspeed:
+            self._configure_deepspeed(accelerator)
+        self.check_accelerator(accelerator)
         main = accelerator.is_main_process
         if main:
             make_run_folders(cfg, run_dir)
@@ -302,23 +343,17 @@ class Trainer:
             model.gradient_checkpointing_enable()
         o = cfg.optim
         optimizer = torch.optim.AdamW(self._param_groups(model), lr=o.lr, betas=tuple(o.betas), eps=o.eps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, LRSchedule(o.schedule, o.warmup_steps, cfg.max_steps, o.min_lr_ratio))
+        schedule = LRSchedule(o.schedule, o.warmup_steps, self.scheduler_steps(), o.min_lr_ratio)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         model, optimizer = accelerator.prepare(model, optimizer)
-        rank = accelerator.process_index
-        conf = getattr(accelerator.unwrap_model(model), "config", None)
-        context = getattr(conf, "max_sequence_length", None) or getattr(conf, "max_position_embeddings", None)
-        stream = TaskStream(self.tokenizer, cfg.data, cfg.batch_size, cfg.seed, rank, self.pad_multiple(),
-                            accelerator.num_processes, context, dataset=self.train_records)
-        generator = torch.Generator().manual_seed(cfg.seed * 7919 + rank)
-        state = TrainState(stream, generator)
+        state = self.make_state(accelerator, model)
         accelerator.register_for_checkpointing(scheduler, state)
 
         if cfg.resume and existing is not None:
             accelerator.load_state(str(existing))
             # LambdaLR restores its lambda's fields from the checkpoint; the recipe's schedule (e.g. a
             # new max_steps given on resume) wins. Same recipe: the same schedule, so still bit-identical.
-            scheduler.lr_lambdas = [LRSchedule(o.schedule, o.warmup_steps, cfg.max_steps, o.min_lr_ratio)
+            scheduler.lr_lambdas = [LRSchedule(o.schedule, o.warmup_steps, self.scheduler_steps(), o.min_lr_ratio)
                                     for _ in scheduler.lr_lambdas]
             # ... and so does its peak lr (the checkpoint restores the old one as the base lr);
             # recomputed with LambdaLR's own expression, so an unchanged recipe stays bit-identical
@@ -335,85 +370,124 @@ class Trainer:
             log.message(f"resume requested but {run_dir} has no checkpoint; starting from step 0")
         elif cfg.resume:
             log.message(f"resumed from {existing} (step {state.step})")
-        n_params = sum(p.numel() for p in accelerator.unwrap_model(model).parameters())
-        n_train = sum(p.numel() for p in accelerator.unwrap_model(model).parameters() if p.requires_grad)
         if (slow := slow_precision_warning(cfg.mixed_precision, accelerator.device)) is not None:
             log.message(slow)
-        log.message(f"{self.name}: {n_params / 1e6:.2f}M parameters ({n_train / 1e6:.2f}M trainable), "
-                    f"{cfg.max_steps} steps x {cfg.batch_size * cfg.grad_accum * accelerator.num_processes} examples")
-        for note in stream.notes:
-            log.message(note)
+        for line in self.describe(accelerator, model):
+            log.message(line)
         if cfg.eval_every and not self.stream_suites():
             log.message("eval_every: data.tasks trains on no task suite, so there is nothing to score; "
                         "in-training evaluation is off")
+        self.before_loop(accelerator, model, log, state)
 
         stop = _StopFlag()
         stop.install()
         status = "finished"
-        window = {"loss": 0.0, "n": 0, "tokens": 0, "t": time.time(), "pause": 0.0, "suite": {}}
+        meter = self.make_meter()
         try:
             while state.step < cfg.max_steps:
-                model.train()
-                for micro in range(cfg.grad_accum):
-                    batch = stream.next_batch().to(accelerator.device)
-                    sync = micro == cfg.grad_accum - 1
-                    plain = sync or accelerator.num_processes == 1 or self.is_deepspeed
-                    with nullcontext() if plain else accelerator.no_sync(model):
-                        with accelerator.autocast():
-                            loss = self.compute_loss(model, batch, generator)
-                        self._guard(loss, "loss", state.step, accelerator, run_dir)
-                        # DeepSpeed divides by its gradient_accumulation_steps and steps at the boundary itself
-                        accelerator.backward(loss if self.is_deepspeed else loss / cfg.grad_accum)
-                    value = float(loss.detach())
-                    window["loss"] += value
-                    window["n"] += 1
-                    suite = batch.suites[0] if len(set(batch.suites)) == 1 else "mixed"
-                    s = window["suite"].setdefault(suite, [0.0, 0])
-                    s[0] += value
-                    s[1] += 1
-                    tokens = int(batch.attention_mask.sum()) * accelerator.num_processes
-                    window["tokens"] += tokens
-                    state.tokens += tokens
-                grad_norm = self._clip(model, accelerator)
-                self._guard(grad_norm, "gradient norm", state.step, accelerator, run_dir)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
+                info = self.train_step(model, optimizer, scheduler, state, accelerator, run_dir)
                 state.step += 1
                 log.advance()
-
+                meter.add(info)
                 if state.step % cfg.log_every == 0 or state.step == cfg.max_steps:
-                    dt = max(time.time() - window["t"] - window["pause"], 1e-9)
-                    scalars = {"loss": window["loss"] / max(1, window["n"]), "lr": scheduler.get_last_lr()[0],
-                               "grad_norm": float(grad_norm), "tokens_per_s": window["tokens"] / dt,
-                               "tokens_seen": state.tokens}
-                    for name, (tot, n) in sorted(window["suite"].items()):
-                        scalars[f"loss_{name}"] = tot / n
-                    log.log(state.step, scalars)
-                    window = {"loss": 0.0, "n": 0, "tokens": 0, "t": time.time(), "pause": 0.0, "suite": {}}
-                t_pause = time.time()  # evaluation and saving are not training throughput
-                if cfg.eval_every and state.step % cfg.eval_every == 0 and state.step < cfg.max_steps:
-                    self._eval(accelerator, model, log, state.step)
-                if stop.signal is not None:
-                    last_good = save_checkpoint(accelerator, run_dir, state.step, cfg.keep_checkpoints)
-                    log.message(f"{stop.signal}: saved {last_good}; continue with --resume")
-                    status = "interrupted"
-                    break
-                if cfg.save_every and state.step % cfg.save_every == 0 and state.step < cfg.max_steps:
-                    last_good = save_checkpoint(accelerator, run_dir, state.step, cfg.keep_checkpoints)
-                window["pause"] += time.time() - t_pause
+                    scalars, note = meter.flush(lr=scheduler.get_last_lr()[0])
+                    log.log(state.step, scalars, note=note)
+                with meter.paused():  # evaluation and saving are not training throughput
+                    if cfg.eval_every and state.step % cfg.eval_every == 0 and state.step < cfg.max_steps:
+                        self.evaluate(accelerator, model, log, state.step)
+                    if stop.signal is not None:
+                        last_good = save_checkpoint(accelerator, run_dir, state.step, cfg.keep_checkpoints)
+                        log.message(f"{stop.signal}: saved {last_good}; continue with --resume")
+                        status = "interrupted"
+                        break
+                    if cfg.save_every and state.step % cfg.save_every == 0 and state.step < cfg.max_steps:
+                        last_good = save_checkpoint(accelerator, run_dir, state.step, cfg.keep_checkpoints)
             export_dir = None
             if status == "finished":
                 if not list_checkpoints(run_dir) or list_checkpoints(run_dir)[-1][0] != state.step:
                     last_good = save_checkpoint(accelerator, run_dir, state.step, cfg.keep_checkpoints)
                 if cfg.eval_every:
-                    self._eval(accelerator, model, log, state.step)
+                    self.evaluate(accelerator, model, log, state.step)
                 export_dir = self._export(accelerator, model, run_dir)
                 log.message(f"done: step {state.step}; model exported to {export_dir}")
-            return RunResult(status, state.step, run_dir, last_good, export_dir)
+            result = RunResult(status, state.step, run_dir, last_good, export_dir)
+            self.finish(result, state, meter, log)
+            return result
         finally:
             stop.restore()
             log.close()
+
+    # -- what one step is (SFT and distillation: streamed batches and a loss; GRPO overrides them) -----------
+    def check_accelerator(self, accelerator) -> None:
+        """ConfigError for a distributed setup this trainer cannot run under (default: any)."""
+
+    def scheduler_steps(self) -> int:
+        """Learning-rate scheduler steps over the run (one per optimizer step)."""
+        return self.cfg.max_steps
+
+    def make_state(self, accelerator, model) -> TrainState:
+        """The checkpointed run state (``.step`` and everything a bit-identical resume needs)."""
+        cfg = self.cfg
+        rank = accelerator.process_index
+        conf = getattr(accelerator.unwrap_model(model), "config", None)
+        context = getattr(conf, "max_sequence_length", None) or getattr(conf, "max_position_embeddings", None)
+        stream = TaskStream(self.tokenizer, cfg.data, cfg.batch_size, cfg.seed, rank, self.pad_multiple(),
+                            accelerator.num_processes, context, dataset=self.train_records)
+        self.state_notes = list(stream.notes)
+        return TrainState(stream, torch.Generator().manual_seed(cfg.seed * 7919 + rank))
+
+    def describe(self, accelerator, model) -> list[str]:
+        """Lines the run prints before its first step."""
+        cfg = self.cfg
+        unwrapped = accelerator.unwrap_model(model)
+        n_params = sum(p.numel() for p in unwrapped.parameters())
+        n_train = sum(p.numel() for p in unwrapped.parameters() if p.requires_grad)
+        return [f"{self.name}: {n_params / 1e6:.2f}M parameters ({n_train / 1e6:.2f}M trainable), "
+                f"{cfg.max_steps} steps x {cfg.batch_size * cfg.grad_accum * accelerator.num_processes} examples",
+                *self.state_notes]
+
+    def before_loop(self, accelerator, model, log: RunLogger, state) -> None:
+        """Anything to do once, before the first step (default: nothing)."""
+
+    def make_meter(self) -> StepMeter:
+        return StepMeter()
+
+    def train_step(self, model, optimizer, scheduler, state: TrainState, accelerator, run_dir: Path) -> dict:
+        """One optimizer step over ``grad_accum`` streamed micro-batches; returns what to log of it."""
+        cfg = self.cfg
+        model.train()
+        losses, suites, tokens = [], {}, 0
+        for micro in range(cfg.grad_accum):
+            batch = state.stream.next_batch().to(accelerator.device)
+            sync = micro == cfg.grad_accum - 1
+            plain = sync or accelerator.num_processes == 1 or self.is_deepspeed
+            with nullcontext() if plain else accelerator.no_sync(model):
+                with accelerator.autocast():
+                    loss = self.compute_loss(model, batch, state.generator)
+                self._guard(loss, "loss", state.step, accelerator, run_dir)
+                # DeepSpeed divides by its gradient_accumulation_steps and steps at the boundary itself
+                accelerator.backward(loss if self.is_deepspeed else loss / cfg.grad_accum)
+            value = float(loss.detach())
+            losses.append(value)
+            suite = batch.suites[0] if len(set(batch.suites)) == 1 else "mixed"
+            suites.setdefault(suite, []).append(value)
+            n = int(batch.attention_mask.sum()) * accelerator.num_processes
+            tokens += n
+            state.tokens += n
+        grad_norm = self._clip(model, accelerator)
+        self._guard(grad_norm, "gradient norm", state.step, accelerator, run_dir)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        return {"losses": losses, "suites": suites, "tokens": tokens, "tokens_seen": state.tokens,
+                "grad_norm": float(grad_norm)}
+
+    def evaluate(self, accelerator, model, log: RunLogger, step: int) -> None:
+        """Held-out evaluation every ``eval_every`` steps and at the end (greedy, on the task suites)."""
+        self._eval(accelerator, model, log, step)
+
+    def finish(self, result: RunResult, state, meter: StepMeter, log: RunLogger) -> None:
+        """Add to the run's result what the summary line should say (default: nothing)."""
 
     def _configure_deepspeed(self, accelerator) -> None:
         """Batch geometry and clipping come from the recipe, not from the DeepSpeed JSON ("auto" there)."""

@@ -16,9 +16,10 @@ One RL step, in one process, on the policy being trained (no file hand-offs):
 
 ``max_steps`` counts RL steps. Checkpoints (accelerate state: policy, optimizer, scheduler, RNGs,
 prompt stream, mask generator) are written at RL-step boundaries, atomically, and resume is
-bit-identical. The shared engine (``dllm.training.engine.Trainer``) supplies the optimizer geometry,
-clipping, NaN guard, DeepSpeed batch geometry, logging, checkpoint and export helpers; its loop is
-SFT-shaped (one loss per streamed batch), so this trainer runs its own RL loop on those helpers.
+bit-identical. The loop is the shared engine's (``dllm.training.engine.Trainer.run``: setup, resume,
+logging, evaluation, checkpoints, stop signals, export); this trainer supplies what one RL step is
+through its hooks (``make_state``, ``train_step``, ``evaluate``, ``finish``). The config and its
+validation are in ``dllm.training.grpo_config``.
 """
 
 from __future__ import annotations
@@ -27,42 +28,24 @@ import copy
 import json
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .checkpointing import latest_checkpoint, list_checkpoints, save_checkpoint
 from .config import (
     ConfigError,
-    LoraSection,
-    OptimSection,
-    TrainConfig,
-    load_config,
     to_dict,
-    validate,
 )
 from .engine import (
-    LRSchedule,
-    RunDirInUse,
     RunResult,
     Trainer,
-    _StopFlag,
-    announce_rank,
-    make_accelerator,
-    make_run_folders,
-    world_size,
 )
 from .files import read_records, source_labels
+from .grpo_config import GRPOConfig, validate_grpo
 from .models import export_model, generation_defaults, init_model, load_tokenizer_for
-from .precision import slow_precision_warning
 from .rewards import Scorer, check_signature, function_name, load_reward_function
 from .rl_objectives import (
-    ACC_NORMS,
-    ADV_NORMS,
-    ESTIMATORS,
-    REDUCTIONS,
-    TPF_NORMS,
     Views,
     advantages,
     block_masked_views,
@@ -79,160 +62,6 @@ from .rl_objectives import (
 )
 from .rollouts import PromptStream, RecordPrompts, Rollouts, evaluate_decoding, generate_rollouts
 from .run_log import RunLogger
-
-# decoders whose every forward sees exactly "prompt + tokens committed so far + masks" (cache="none"),
-# or D2F whose block cache is exact: the trajectory estimator replays them exactly
-EXACT_REPLAY = {"threshold", "vanilla", "factor", "entropy", "margin", "maskgit_plus", "d2f"}
-
-
-@dataclass
-class RolloutSection:
-    group_size: int = 8  # G rollouts per prompt
-    prompts_per_step: int = 8  # groups wanted per RL step (per process)
-    max_refill_rounds: int = 2  # extra rollout rounds with fresh prompts when the filter leaves the batch short
-    strategy: str = "threshold"  # threshold (Fast-dLLM, any model) | d2f (block-causal) | vanilla | factor ...
-    temperature: float = 1.0
-    threshold: float = 0.9  # the strategy's confidence threshold (threshold: `threshold`; d2f: `skip_threshold`)
-    block_length: int | None = None  # None: the model's block size (block-causal) or its generation default
-    cache: str = "none"  # semi-AR cache; the trajectory estimator is exact only with "none"
-    exact_canvas: bool = True  # decode with stop_at_eos=False: post-EOS tokens kept for exact replay
-    batch_size: int = 64  # rows per generate call
-    options: dict = field(default_factory=dict)  # any other DiffusionGenerationConfig field
-
-
-@dataclass
-class RewardSection:
-    # your reward functions, "module:function" or "path/to/file.py:function" (dllm.training.rewards for the
-    # signature): their weighted sum replaces the verifier / exact-match score as the task reward
-    functions: list = field(default_factory=list)
-    function_weights: list = field(default_factory=list)  # one per function; empty: 1.0 each
-    # with reward functions: a rollout whose weighted reward is at least this counts as correct (for
-    # filter.require_correct, loss.nll_on=correct and the accuracy metric); the midpoint of a 0/1
-    # correctness reward, so a small shaping term beside it (a length penalty) does not undo a right answer
-    correct_threshold: float = 0.5
-    accuracy: str = "correct"  # correct: the verifier's strict flag (0/1) | score: its graded reward in [0, 1]
-    accuracy_norm: str = "pm1"  # pm1: 2a-1 unnormalised (paper) | z_score: in-group (released code) | none
-    tpf_norm: str = "z_score"  # z_score (paper/code) | minmax | none
-    accuracy_weight: float = 1.0
-    tpf_weight: float = 1.0  # 0: plain accuracy GRPO (no speed objective)
-    decoupled: bool = True  # False: z-score the weighted sum instead (the "w/o decoupled norm" ablation)
-    advantage_norm: str = "batch"  # batch (paper Eq. 7) | group | none
-    truncated_is_wrong: bool = True  # no EOS in the canvas -> incorrect (the code forces L >= max-5 wrong)
-
-
-@dataclass
-class FilterSection:
-    enabled: bool = True  # False: train on every group (the "w/o TPF filter" ablation)
-    require_correct: bool = True  # drop groups without a correct rollout
-    tpf_range: float = 0.01  # delta: drop groups whose TPF range max-min < delta (0: no range test)
-
-
-@dataclass
-class LossSection:
-    estimator: str = "trajectory"  # trajectory (exact replay) | block_masked (released code) | d1
-    block_size: int | None = None  # block_masked blocks; None: the rollout block length
-    d1_prompt_mask: float = 0.15  # d1: probability of masking each prompt token
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    ratio_clamp: float = 10.0  # log-ratio clamp before exp (reference)
-    beta: float = 0.01  # k3 KL to the frozen initial model (0: no reference model at all)
-    mu: float = 0.1  # NLL on verifier-correct rollouts (0: off)
-    nll_on: str = "correct"  # correct (verifier flag, paper) | nonneg_reward (released code: reward >= 0)
-    pg_reduction: str = "sequence"
-    kl_reduction: str = "token"
-    nll_reduction: str = "token"
-    ppo_epochs: int = 1  # passes over each RL step's kept rollouts
-    minibatches: int = 1  # optimizer steps per pass (1 x 1: on-policy, old log-probs = current)
-    ref_offload: bool = False  # keep the reference model on the CPU between uses (large models)
-
-
-@dataclass
-class EvalSection:
-    strategies: list = field(default_factory=lambda: ["threshold"])  # greedy held-out eval per strategy
-    at_start: bool = True  # also evaluate before the first update (the "before" point of the curve)
-    batch_size: int = 64
-    # confidence threshold of the greedy eval (None: the rollout's). Rollouts may explore at a lower
-    # threshold than the decoder is judged at (recipes/grpo-tiny.yaml: 0.7 rollouts, 0.9 eval).
-    threshold: float | None = None
-
-
-@dataclass
-class GRPOConfig(TrainConfig):
-    """TPF-aware GRPO. ``max_steps`` = RL steps; ``batch_size`` = canvases (views) per forward/backward
-    micro-batch; ``data.tasks`` = prompt suites; ``data.max_new_tokens`` = rollout canvas length."""
-
-    run_dir: str = "runs/grpo"
-    max_steps: int = 100
-    batch_size: int = 64
-    log_every: int = 1
-    save_every: int = 25
-    eval_every: int = 0
-    rollout: RolloutSection = field(default_factory=RolloutSection)
-    reward: RewardSection = field(default_factory=RewardSection)
-    filter: FilterSection = field(default_factory=FilterSection)
-    loss: LossSection = field(default_factory=LossSection)
-    lora: LoraSection = field(default_factory=lambda: LoraSection(dropout=0.0))
-    evaluation: EvalSection = field(default_factory=EvalSection)
-    optim: OptimSection = field(default_factory=lambda: OptimSection(
-        lr=1e-6, weight_decay=0.0, betas=[0.9, 0.999], schedule="constant", warmup_steps=10))
-
-
-def validate_grpo(cfg: GRPOConfig, has_dataset: bool = False, python_functions: int = 0) -> list:
-    """ConfigError when the config cannot run; returns the reward functions ``reward.functions`` names
-    (imported now, so a wrong path fails before any model loads). ``python_functions``: how many
-    reward functions the trainer was given in Python (they replace ``reward.functions``)."""
-    functions = [] if python_functions else [load_reward_function(p) for p in cfg.reward.functions]
-    n_functions = python_functions or len(functions)
-    # without reward functions every prompt needs a reference answer to be scored against
-    validate(cfg, has_dataset=has_dataset, require_answers=n_functions == 0)
-
-    def bad(msg):
-        raise ConfigError(msg)
-
-    r, w, f, lo = cfg.rollout, cfg.reward, cfg.filter, cfg.loss
-    if w.function_weights and len(w.function_weights) != n_functions:
-        bad(f"reward.function_weights has {len(w.function_weights)} weights for {n_functions} reward functions; "
-            "give one per function (or none: 1.0 each)")
-    for x in w.function_weights:
-        if isinstance(x, bool) or not isinstance(x, (int, float)):
-            bad(f"reward.function_weights must be numbers; got {x!r}")
-    if not cfg.model.path:
-        bad("GRPO starts from a trained model: set model.path (e.g. tiny-d2f or a checkpoint directory)")
-    if r.group_size < 2:
-        bad("rollout.group_size must be >= 2 (group-relative advantages)")
-    if r.prompts_per_step < 1 or r.max_refill_rounds < 0 or r.batch_size < 1:
-        bad("need rollout.prompts_per_step >= 1, rollout.max_refill_rounds >= 0, rollout.batch_size >= 1")
-    if r.temperature < 0:
-        bad("rollout.temperature must be >= 0")
-    if cfg.grad_accum != 1:
-        bad("grad_accum is not used by GRPO (each optimizer step accumulates over all its micro-batches); "
-            "set loss.minibatches / batch_size instead")
-    choices = [("reward.accuracy", w.accuracy, ("correct", "score")), ("reward.accuracy_norm", w.accuracy_norm, ACC_NORMS),
-               ("reward.tpf_norm", w.tpf_norm, TPF_NORMS), ("reward.advantage_norm", w.advantage_norm, ADV_NORMS),
-               ("loss.estimator", lo.estimator, ESTIMATORS), ("loss.nll_on", lo.nll_on, ("correct", "nonneg_reward")),
-               ("loss.pg_reduction", lo.pg_reduction, REDUCTIONS), ("loss.kl_reduction", lo.kl_reduction, REDUCTIONS),
-               ("loss.nll_reduction", lo.nll_reduction, REDUCTIONS)]
-    for key, value, valid in choices:
-        if value not in valid:
-            bad(f"{key}={value!r}; valid: {', '.join(valid)}")
-    if lo.estimator == "trajectory" and r.strategy not in EXACT_REPLAY:
-        bad(f"loss.estimator=trajectory replays the decoding steps of {', '.join(sorted(EXACT_REPLAY))}; "
-            f"rollout.strategy={r.strategy!r} is not one of them (use block_masked or d1)")
-    if lo.ppo_epochs < 1 or lo.minibatches < 1:
-        bad("loss.ppo_epochs and loss.minibatches must be >= 1")
-    if lo.beta < 0 or lo.mu < 0 or f.tpf_range < 0:
-        bad("loss.beta, loss.mu and filter.tpf_range must be >= 0")
-    if not 0 <= lo.d1_prompt_mask < 1:
-        bad("loss.d1_prompt_mask must be in [0, 1)")
-    if cfg.evaluation.threshold is not None and not 0 < cfg.evaluation.threshold <= 1:
-        bad(f"evaluation.threshold={cfg.evaluation.threshold} must be in (0, 1] (or null: the rollout's)")
-    return functions
-
-
-def load_grpo_config(path=None, overrides=()) -> GRPOConfig:
-    cfg = load_config(GRPOConfig, path, overrides)
-    validate_grpo(cfg)
-    return cfg
 
 
 class GRPOState:
@@ -267,6 +96,31 @@ class UpdateBatch:
     adv: torch.Tensor  # [n] float64
     nll_flag: torch.Tensor  # [n] bool: rollouts whose tokens get the NLL term
     mask: torch.Tensor  # [n, G] loss tokens
+
+
+class RLMeter:
+    """Each logged RL step reports its own numbers (they are not averaged over ``log_every``); steps that
+    made no optimizer update are counted and say why instead of printing a loss."""
+
+    def __init__(self, trainer: GRPOTrainer) -> None:
+        self.trainer = trainer
+        self.steps = self.idle = 0
+        self.last: dict = {}
+        self.note: str | None = None
+
+    def add(self, info: dict) -> None:
+        self.steps += 1
+        self.last = info
+        self.note = None
+        if info["updates"] == 0:  # a loss of 0.0000 would read as a perfect step
+            self.idle += 1
+            self.note = f"no update: {self.trainer.filtered_reason(info)}"
+
+    def paused(self):
+        return nullcontext()  # rollout and update times are measured inside the step
+
+    def flush(self, lr: float) -> tuple[dict, str | None]:
+        return {**self.last, "lr": lr}, self.note
 
 
 def _mix_seed(*parts: int) -> int:
@@ -563,134 +417,69 @@ class GRPOTrainer(Trainer):
         return UpdateBatch(ro, ro.prompt_ids.to(device), ro.prompt_mask.to(device), ro.gen_ids.to(device),
                            ro.lengths.to(device), adv.to(device), nll_flag.to(device), loss_mask(ro.lengths, g).to(device))
 
-    # -- the loop ----------------------------------------------------------------------------------
-    def run(self) -> RunResult:
-        from accelerate.utils import DistributedType
-
-        cfg: GRPOConfig = self.cfg
-        if cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
-        run_dir = Path(cfg.run_dir)
-        accelerator = make_accelerator(cfg.mixed_precision)
-        self.accelerator = accelerator
-        self.is_deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
-        if world_size(accelerator) > 1:
-            announce_rank(accelerator, self.name)
+    # -- what one RL step is (the loop itself is Trainer.run) -----------------------------------------
+    def check_accelerator(self, accelerator) -> None:
         if self.is_deepspeed:
-            self._configure_deepspeed(accelerator)
             stage = accelerator.state.deepspeed_plugin.deepspeed_config.get("zero_optimization", {}).get("stage", 0)
             if int(stage) >= 3:
                 raise ConfigError("GRPO generates rollouts in-process from the training weights; ZeRO-3 partitions "
                                   "them. Use ZeRO-1/2 (recipes/accelerate/zero2-8gpu.yaml)")
-        main = accelerator.is_main_process
-        if main:
-            make_run_folders(cfg, run_dir)
-        existing = latest_checkpoint(run_dir)
-        if existing is not None and not cfg.resume:
-            raise RunDirInUse(f"{run_dir} already has checkpoints (latest {existing.name}); pass --resume "
-                              "(resume=true) to continue it, or choose another run_dir")
-        torch.manual_seed(cfg.seed)
-        import random as _random
 
-        _random.seed(cfg.seed)
-        self.setup_models()
-        model = self.model
-        if cfg.model.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
-            model.gradient_checkpointing_enable()
-        o, lo = cfg.optim, cfg.loss
-        updates_per_step = lo.ppo_epochs * lo.minibatches
-        optimizer = torch.optim.AdamW(self._param_groups(model), lr=o.lr, betas=tuple(o.betas), eps=o.eps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, LRSchedule(o.schedule, o.warmup_steps, cfg.max_steps * updates_per_step, o.min_lr_ratio))
-        model, optimizer = accelerator.prepare(model, optimizer)
-        self.model = model
+    def scheduler_steps(self) -> int:
+        lo = self.cfg.loss
+        return self.cfg.max_steps * lo.ppo_epochs * lo.minibatches  # optimizer steps, not RL steps
+
+    def make_state(self, accelerator, model) -> GRPOState:
+        self.model = model  # the prepared (wrapped) policy: rollouts and updates both go through it
+        cfg: GRPOConfig = self.cfg
         rank = accelerator.process_index
         sources, source_weights, notes = self.record_sources(rank, accelerator.num_processes)
         stream = PromptStream(cfg.data.tasks, cfg.seed, rank, cfg.data.chunk_size,
                               "per_batch" if cfg.data.mix == "per_batch" else "per_example", sources, source_weights)
         self._check_lengths(stream)
-        state = GRPOState(stream, torch.Generator().manual_seed(cfg.seed * 7919 + rank))
-        accelerator.register_for_checkpointing(scheduler, state)
-        if cfg.resume and existing is not None:
-            accelerator.load_state(str(existing))
-        last_good = existing if cfg.resume else None
-        if main:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            self._write_run_config(run_dir)
-        log = RunLogger(run_dir, state.step, cfg.max_steps, main, cfg.progress)
-        if cfg.resume and existing is None:
-            log.message(f"resume requested but {run_dir} has no checkpoint; starting from step 0")
-        elif cfg.resume:
-            log.message(f"resumed from {existing} (step {state.step})")
-        if (slow := slow_precision_warning(cfg.mixed_precision, accelerator.device)) is not None:
-            log.message(slow)
+        self.state_notes = notes
+        return GRPOState(stream, torch.Generator().manual_seed(cfg.seed * 7919 + rank))
+
+    def describe(self, accelerator, model) -> list[str]:
+        cfg: GRPOConfig = self.cfg
         unwrapped = accelerator.unwrap_model(model)
         n_params = sum(p.numel() for p in unwrapped.parameters())
         n_train = sum(p.numel() for p in unwrapped.parameters() if p.requires_grad)
-        r = cfg.rollout
-        log.message(f"grpo: {n_params / 1e6:.2f}M parameters ({n_train / 1e6:.2f}M trainable); {cfg.max_steps} RL steps x "
-                    f"{r.prompts_per_step} prompts x {r.group_size} rollouts x {accelerator.num_processes} processes; "
-                    f"rollouts {self.rollout_config.strategy} T={self.rollout_config.temperature} "
-                    f"block={self.rollout_config.block_length}; estimator {lo.estimator}")
-        for note in notes:
-            log.message(note)
+        r, lo, ro = cfg.rollout, cfg.loss, self.rollout_config
+        lines = [f"grpo: {n_params / 1e6:.2f}M parameters ({n_train / 1e6:.2f}M trainable); {cfg.max_steps} RL steps x "
+                 f"{r.prompts_per_step} prompts x {r.group_size} rollouts x {accelerator.num_processes} processes; "
+                 f"rollouts {ro.strategy} T={ro.temperature} block={ro.block_length}; estimator {lo.estimator}",
+                 *self.state_notes]
         if self.scorer.functions:
-            log.message("rewards: " + " + ".join(f"{w:g} x {n}" for n, w in zip(self.scorer.names, self.scorer.weights))
-                        + f" (correct at >= {self.scorer.correct_threshold:g}), TPF x {cfg.reward.tpf_weight:g}")
-        if cfg.eval_every and not self.stream_suites():
-            log.message("eval_every: data.tasks has no task suite to score held-out prompts on; in-training "
-                        "evaluation is off")
-        if cfg.eval_every and self.cfg.evaluation.at_start and state.step == 0:
+            lines.append("rewards: " + " + ".join(f"{w:g} x {n}" for n, w in zip(self.scorer.names, self.scorer.weights))
+                         + f" (correct at >= {self.scorer.correct_threshold:g}), TPF x {cfg.reward.tpf_weight:g}")
+        return lines
+
+    def before_loop(self, accelerator, model, log: RunLogger, state: GRPOState) -> None:
+        self._updates_at_start = state.updates
+        if self.cfg.eval_every and self.cfg.evaluation.at_start and state.step == 0:
             self._rl_eval(accelerator, log, 0)
 
-        stop = _StopFlag()
-        stop.install()
-        status = "finished"
-        steps_run = idle_steps = 0
-        updates_before = state.updates
-        try:
-            while state.step < cfg.max_steps:
-                t0 = time.time()
-                batch_ro, info = self.collect(state, accelerator)
-                t1 = time.time()
-                info.update(self._update(model, optimizer, scheduler, batch_ro, state, accelerator, run_dir))
-                t2 = time.time()
-                state.step += 1
-                steps_run += 1
-                log.advance()
-                info.update(rollout_s=t1 - t0, update_s=t2 - t1, lr=scheduler.get_last_lr()[0],
-                            tokens_per_s=info["rollouts"] * info["gen_tokens"] / max(t1 - t0, 1e-9))
-                note = None
-                if info["updates"] == 0:  # a loss of 0.0000 would read as a perfect step
-                    idle_steps += 1
-                    note = f"no update: {self.filtered_reason(info)}"
-                if state.step % cfg.log_every == 0 or state.step == cfg.max_steps:
-                    log.log(state.step, info, note=note)
-                if cfg.eval_every and state.step % cfg.eval_every == 0 and state.step < cfg.max_steps:
-                    self._rl_eval(accelerator, log, state.step)
-                if stop.signal is not None:
-                    last_good = save_checkpoint(accelerator, run_dir, state.step, cfg.keep_checkpoints)
-                    log.message(f"{stop.signal}: saved {last_good}; continue with --resume")
-                    status = "interrupted"
-                    break
-                if cfg.save_every and state.step % cfg.save_every == 0 and state.step < cfg.max_steps:
-                    last_good = save_checkpoint(accelerator, run_dir, state.step, cfg.keep_checkpoints)
-            export_dir = None
-            if status == "finished":
-                if not list_checkpoints(run_dir) or list_checkpoints(run_dir)[-1][0] != state.step:
-                    last_good = save_checkpoint(accelerator, run_dir, state.step, cfg.keep_checkpoints)
-                if cfg.eval_every:
-                    self._rl_eval(accelerator, log, state.step)
-                export_dir = self._export(accelerator, model, run_dir)
-                log.message(f"done: step {state.step}; model exported to {export_dir}")
-            summary = self.update_summary(steps_run, idle_steps, state.updates - updates_before)
-            if summary:
-                log.message(summary)
-            return RunResult(status, state.step, run_dir, last_good, export_dir, updates=state.updates - updates_before,
-                             note=summary)
-        finally:
-            stop.restore()
-            log.close()
+    def make_meter(self) -> RLMeter:
+        return RLMeter(self)
+
+    def train_step(self, model, optimizer, scheduler, state: GRPOState, accelerator, run_dir: Path) -> dict:
+        t0 = time.time()
+        batch_ro, info = self.collect(state, accelerator)
+        t1 = time.time()
+        info.update(self._update(model, optimizer, scheduler, batch_ro, state, accelerator, run_dir))
+        info.update(rollout_s=t1 - t0, update_s=time.time() - t1,
+                    tokens_per_s=info["rollouts"] * info["gen_tokens"] / max(t1 - t0, 1e-9))
+        return info
+
+    def evaluate(self, accelerator, model, log: RunLogger, step: int) -> None:
+        self._rl_eval(accelerator, log, step)
+
+    def finish(self, result: RunResult, state: GRPOState, meter: RLMeter, log: RunLogger) -> None:
+        result.updates = state.updates - self._updates_at_start
+        result.note = self.update_summary(meter.steps, meter.idle, result.updates)
+        if result.note:
+            log.message(result.note)
 
     def filtered_reason(self, info: dict) -> str:
         """Why a step had nothing to train on, in the filter's terms."""

@@ -106,7 +106,7 @@ def test_print_config_is_a_recipe_that_loads_to_the_same_config(kind, recipe, tm
 
     from dllm.cli import _mount_subcommands, app
     from dllm.training.config import to_dict
-    from dllm.training.grpo import load_grpo_config
+    from dllm.training.grpo_config import load_grpo_config
 
     _mount_subcommands()
     path = Path(__file__).resolve().parents[2] / "recipes" / recipe

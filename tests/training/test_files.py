@@ -171,7 +171,7 @@ def test_config_checks_files_and_weights(tmp_path):
         load_config(SFTConfig, None, [f"data.files={{{bad}: 1}}"])
     with pytest.raises(ConfigError, match="numbers >= 0"):
         load_config(SFTConfig, None, [f"data.files={{{f}: -1}}"])
-    from dllm.training.grpo import GRPOConfig, validate_grpo
+    from dllm.training.grpo_config import GRPOConfig, validate_grpo
 
     g = load_config(GRPOConfig, None, ["model.path=tiny-d2f"])
     g.data.files = {str(f): 1.0}

@@ -15,7 +15,8 @@ import pytest
 from dllm.eval.tasks import Example
 from dllm.testing import save_tiny_checkpoint
 from dllm.training.config import ConfigError
-from dllm.training.grpo import GRPOConfig, GRPOTrainer, load_grpo_config
+from dllm.training.grpo import GRPOTrainer
+from dllm.training.grpo_config import GRPOConfig, load_grpo_config
 from dllm.training.rewards import Scorer, load_reward_function
 
 REPO = Path(__file__).resolve().parents[2]

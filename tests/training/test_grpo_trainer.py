@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 from dllm.testing import save_tiny_checkpoint
 from dllm.training.checkpointing import list_checkpoints
 from dllm.training.config import ConfigError
-from dllm.training.grpo import GRPOTrainer, load_grpo_config
+from dllm.training.grpo import GRPOTrainer
+from dllm.training.grpo_config import load_grpo_config
 from dllm.training.rollouts import Rollouts, generate_rollouts
 
 REPO = Path(__file__).resolve().parents[2]

@@ -141,7 +141,7 @@ def test_distill_from_python_with_a_dataset(tmp_path):
 
 
 def _recipe_class(name: str):
-    from dllm.training.grpo import GRPOConfig
+    from dllm.training.grpo_config import GRPOConfig
 
     if name.startswith("grpo") or name == "smoke-grpo":
         return GRPOConfig
