@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dllm.validation import number_error
+
 from .errors import GenerationConfigError
 from .registry import strategy_names
 
@@ -22,6 +24,8 @@ REMASKING = ("low_confidence", "random")
 # references' ``sampling_strategy``: max probability ("default"), negative entropy sum p log p, or the
 # top-1 minus top-2 probability (D2F-eval "margin_confidence", LoPA "margin").
 RANKINGS = ("prob", "neg_entropy", "margin")
+# SDAR's remasking_strategy values that dllm implements (lmdeploy: dllm_unmasking_strategy)
+UNMASKING = ("low_confidence_dynamic", "low_confidence_static")
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,17 @@ class DiffusionGenerationConfig:
     lopa_rho: float = 1.0  # score = mean of the lowest max(1, floor(rho * n)) remaining confidences
     lopa_confidence: str = "prob"  # branch score and lookahead ranking: "prob", "neg_entropy" or "margin"
     lopa_force_anchor: bool = False  # test switch: the anchor always wins (reproduces lopa_branches=0)
+    # Token editing (LLaDA2.1 M2T + T2T, strategy "edit"): masks are committed above `threshold`, and a
+    # committed token of the current block is replaced when the model prefers another with probability
+    # above `editing_threshold`; a filled block gets at most `max_post_steps` edit-only forwards
+    editing_threshold: float = 0.9
+    max_post_steps: int = 16
+    # SDAR / TraDo / LightningRL block decoding (strategy "sdar"; their names: denoising_steps,
+    # remasking_strategy, confidence_threshold = `threshold`) and Fast-dLLM v2's sub-blocks
+    # (strategy "fast_dllm_v2": small_block_size; threshold; use_block_cache = cache "dual")
+    denoising_steps: int | None = None  # per block (None: one step per slot, the block length)
+    unmasking: str = "low_confidence_dynamic"  # or "low_confidence_static" (a fixed quota per step)
+    sub_block_length: int | None = None  # None: 8 (the reference's default), capped at the block length
     # stopping and bookkeeping
     max_steps: int | None = None  # forwards per row before it ends "step_limit" (None: step_limit())
     stop_at_eos: bool = True
@@ -95,8 +110,11 @@ class DiffusionGenerationConfig:
                     f"steps={self.steps} must be a multiple of the number of blocks ({self.num_blocks} = "
                     f"max_new_tokens / block_length, rounded up)"
                 )
-        for name in ("threshold", "block_add_threshold", "decoded_token_threshold", "skip_threshold"):
+        for name in ("threshold", "block_add_threshold", "decoded_token_threshold", "skip_threshold",
+                     "editing_threshold"):
             _unit_interval(name, getattr(self, name))
+        if not isinstance(self.max_post_steps, int) or isinstance(self.max_post_steps, bool) or self.max_post_steps < 0:
+            raise GenerationConfigError(f"max_post_steps must be an integer >= 0, got {self.max_post_steps!r}")
         if self.factor <= 0:
             raise GenerationConfigError(f"factor must be > 0, got {self.factor}")
         if self.cache not in CACHES:
@@ -117,6 +135,11 @@ class DiffusionGenerationConfig:
             raise GenerationConfigError(f"min_tokens={self.min_tokens} exceeds max_new_tokens={self.max_new_tokens}")
         if self.remasking not in REMASKING:
             raise GenerationConfigError(f"remasking={self.remasking!r}; valid: {', '.join(REMASKING)}")
+        if self.unmasking not in UNMASKING:
+            raise GenerationConfigError(f"unmasking={self.unmasking!r}; valid: {', '.join(UNMASKING)}")
+        for name in ("denoising_steps", "sub_block_length"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
         if self.cfg_scale < 0:
             raise GenerationConfigError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
         if not 0 < self.eps < 1:
@@ -147,8 +170,14 @@ class DiffusionGenerationConfig:
     def canvas_tokens(self) -> int:
         """Slots decoded: ``max_new_tokens`` rounded up to whole blocks. A block is the unit every strategy
         decodes (and the block-causal attention's unit), so a canvas never ends inside one; the answer is
-        cut back to ``max_new_tokens`` and a row stops once those slots are filled."""
-        return self.num_blocks * self.block_size
+        cut back to ``max_new_tokens`` and a row stops once those slots are filled.
+
+        Decoders on a position grid (``sdar``, ``fast_dllm_v2``) decode the model's blocks, whose
+        first one starts up to a block before the prompt end: they get one more block of slots."""
+        from .registry import get_strategy
+
+        extra = self.block_size if get_strategy(self.strategy).grid == "position" else 0
+        return self.num_blocks * self.block_size + extra
 
     @property
     def num_blocks(self) -> int:
@@ -170,7 +199,10 @@ class DiffusionGenerationConfig:
         """
         if self.max_steps is not None:
             return self.max_steps
-        return 2 * (max(self.canvas_tokens, self.steps or 0) + self.num_blocks)
+        limit = 2 * (max(self.canvas_tokens, self.steps or 0) + self.num_blocks)
+        if self.strategy == "edit":  # up to max_post_steps edit-only forwards per block, one block more
+            limit += (self.num_blocks + 1) * (self.max_post_steps + 1) + 2 * self.block_size
+        return limit
 
     # -- overrides and files ----------------------------------------------------------------
     def replace(self, **overrides: Any) -> DiffusionGenerationConfig:
@@ -251,22 +283,24 @@ def check_option_names(names) -> None:
 
 
 def _check_field_types(cfg: DiffusionGenerationConfig) -> None:
-    """Numbers must be (JSON) numbers and switches bools: a value from a CLI or a JSON file may be a
-    string, and the range checks below would fail with a TypeError instead of naming the field."""
+    """Numbers must be finite (JSON) numbers and switches bools: a value from a CLI or a JSON file may be a
+    string, and NaN passes every range check written as a comparison (``x <= 0`` is false for NaN), so the
+    range checks below would let it through or fail with a TypeError instead of naming the field."""
     for f in dataclasses.fields(cfg):
         value, kind = getattr(cfg, f.name), str(f.type)
         if value is None and "None" in kind:
             continue
         if kind.startswith("bool"):
-            ok, want = isinstance(value, bool), "true or false"
-        elif kind.startswith("int"):
-            ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+            problem = None if isinstance(value, bool) else f"{f.name} must be true or false, got {value!r}"
+        elif kind.startswith("int"):  # a count: 2.0 from a JSON file is a mistake to name, not to round
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            problem = None if ok else f"{f.name} must be an integer, got {value!r}"
         elif kind.startswith("float"):
-            ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+            problem = number_error(f.name, value)
         else:
             continue
-        if not ok:
-            raise GenerationConfigError(f"{f.name} must be {want}, got {value!r}")
+        if problem:
+            raise GenerationConfigError(problem)
 
 
 def _positive_int(name: str, value: Any) -> None:

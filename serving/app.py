@@ -62,19 +62,107 @@ def create_app(settings: ServerSettings | None = None, *, model=None, tokenizer=
             loader = asyncio.create_task(load())
         elif state.engine is None:
             state.start_engine()
+        supervisor = asyncio.create_task(_supervise(state))
         try:
             yield
         finally:
+            supervisor.cancel()
             if loader is not None:
                 loader.cancel()
             if state.engine is not None:
                 await asyncio.to_thread(state.engine.stop)
 
-    app = FastAPI(title="dllm OpenAI-compatible server", version=__version__, lifespan=lifespan)
+    # /docs and /openapi.json are routes of ours (install_routes), behind the key when one is set
+    app = FastAPI(title="dllm OpenAI-compatible server", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None, openapi_url=None)
     app.state.dllm = state
     _install_error_handlers(app, state)
     install_routes(app, state)
+    app.add_middleware(GuardMiddleware, state=state)
     return app
+
+
+RESTARTS_PER_WINDOW, RESTART_WINDOW_S = 3, 300.0
+
+
+async def _supervise(state: ServerState, poll_s: float = 0.5) -> None:
+    """Restart a decoding engine that stopped (its process killed, its thread dead): meanwhile /ready is
+    503 and requests get a retryable 503. More than ``RESTARTS_PER_WINDOW`` restarts within
+    ``RESTART_WINDOW_S`` fail readiness for good (``load_error``) instead of looping."""
+    recent: list[float] = []
+    while True:
+        await asyncio.sleep(poll_s)
+        engine = state.engine
+        if engine is None or engine.alive or state.draining or state.load_error is not None:
+            continue
+        now = asyncio.get_running_loop().time()
+        recent = [t for t in recent if now - t < RESTART_WINDOW_S] + [now]
+        state.engine = None
+        await asyncio.to_thread(engine.stop)
+        if len(recent) > RESTARTS_PER_WINDOW:
+            state.load_error = (f"the decoding engine stopped {len(recent)} times in {RESTART_WINDOW_S:.0f} s; "
+                                "not restarting it (see the server log)")
+            log.error(state.load_error)
+            continue
+        state.restarts += 1
+        log.error("the decoding engine stopped; restarting it (restart %d)", state.restarts)
+        try:
+            if state.settings.engine_process:
+                await asyncio.to_thread(state.load_remote)
+            else:
+                state.start_engine()
+        except Exception as err:  # noqa: BLE001 - readiness says why
+            log.exception("restarting the decoding engine failed")
+            state.load_error = f"restarting the decoding engine failed: {type(err).__name__}: {err}"
+
+
+class GuardMiddleware:
+    """Every HTTP request passes here (inside Starlette's outermost error middleware):
+
+    * a ``Host`` the settings do not allow gets a 400 before any route runs;
+    * an exception no route handled becomes a 500 in the OpenAI shape, counted in
+      ``dllm_request_errors_total`` and logged, and is not re-raised, so the server does not reset the
+      client's keep-alive connection as it would for an exception that reached it.
+    """
+
+    def __init__(self, app, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        allowed = self.state.settings.allowed_hosts
+        if allowed:
+            host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+            name = host.rsplit(":", 1)[0].strip("[]").lower() if host else ""
+            if name not in allowed:
+                self.state.metrics.errors.labels(_endpoint(scope), "400").inc()
+                err = ServingError(400, f"host {host!r} is not served here (allowed: {', '.join(allowed)})",
+                                   code="invalid_host")
+                return await err.response()(scope, receive, send)
+        started = False
+
+        async def tracked(message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception:  # noqa: BLE001 - the last line of defence: answer, count, log, keep the connection
+            log.exception("unhandled error on %s", scope.get("path"))
+            self.state.metrics.errors.labels(_endpoint(scope), "500").inc()
+            if not started:
+                await internal("internal server error; see the server log").response()(scope, receive, send)
+
+
+def _endpoint(scope) -> str:
+    """The metrics label of a path (the route names the serving class uses)."""
+    path = scope.get("path", "")
+    return {"/v1/completions": "completions", "/v1/chat/completions": "chat"}.get(
+        path, "models" if path.startswith("/v1/models") else "other")
 
 
 def _install_error_handlers(app: FastAPI, state: ServerState) -> None:
@@ -87,7 +175,3 @@ def _install_error_handlers(app: FastAPI, state: ServerState) -> None:
         code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code)
         return ServingError(err.status_code, str(err.detail), code=code, headers=getattr(err, "headers", None)).response()
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, err: Exception):
-        log.exception("unhandled error on %s", request.url.path)
-        return internal("internal server error; see the server log").response()

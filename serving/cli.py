@@ -35,7 +35,16 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Interface to bind (loopback by default; 0.0.0.0 exposes it)."),
     port: int = typer.Option(8000, help="TCP port."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="DLLM_API_KEY",
-                                       help="Require 'Authorization: Bearer KEY' on /v1/* (env DLLM_API_KEY)."),
+                                       help="Require 'Authorization: Bearer KEY' on /v1/*, /docs, /openapi.json and "
+                                            "/metrics (env DLLM_API_KEY)."),
+    public_metrics: bool = typer.Option(False, "--public-metrics", help="Keep /metrics open with --api-key."),
+    public_docs: bool = typer.Option(False, "--public-docs", help="Keep /docs and /openapi.json open with --api-key."),
+    allowed_hosts: list[str] | None = typer.Option(None, "--allowed-host",
+                                                   help="Answer only requests whose Host header names this host "
+                                                        "(repeatable; default: any)."),
+    drain_timeout: float = typer.Option(30.0, "--drain-timeout",
+                                        help="On SIGTERM/SIGINT: seconds running requests get to finish (queued "
+                                             "and new ones get 503 at once)."),
     served_model_name: str | None = typer.Option(None, "--served-model-name",
                                                  help="Model id clients send (default: --model as given)."),
     max_batch_size: int = typer.Option(8, "--max-batch-size", help="Most rows decoded together in one generate call."),
@@ -79,15 +88,17 @@ def serve(
     from dllm.decoding.config import parse_overrides
     from dllm.errors import CheckpointError
 
-    from .app import create_app
-    from .branch import BranchParallelUnavailable, start_executor
+    from .branch import BranchParallelUnavailable
+    from .http_protocol import OpenAIErrorProtocol
     from .settings import ServerSettings
-    from .state import ModelBundle, load_bundle
 
+    DrainingServer = _draining_server_class()
     try:
         settings = ServerSettings(generation_defaults=parse_overrides(options or []), model=model,
                                   served_model_name=served_model_name, host=host, port=port,
-                                  api_key=api_key, max_batch_size=max_batch_size, max_queue=max_queue,
+                                  api_key=api_key, public_metrics=public_metrics, public_docs=public_docs,
+                                  allowed_hosts=tuple(allowed_hosts or ()), drain_timeout_s=drain_timeout,
+                                  max_batch_size=max_batch_size, max_queue=max_queue,
                                   batch_wait_ms=batch_wait_ms, join=join, join_max_spread=join_max_spread or None,
                                   stream_interval_ms=stream_interval_ms,
                                   max_tokens_cap=max_tokens_cap,
@@ -100,56 +111,112 @@ def serve(
     if reason := _cannot_listen(host, port):  # before the model loads: that can take minutes for a 7B
         fail(f"cannot listen on {host}:{port}: {reason} (is another server running? choose another --port)")
         return
-    remote = None
-    if engine_process:
-        from .state import ServerState
-
-        state = ServerState(settings, None)
+    # Until uvicorn takes over the signals, SIGTERM/SIGINT end start-up through the cleanup below (the
+    # engine process and branch-parallel ranks are stopped), never leaving them behind.
+    _exit_on_signals()
+    remote = executor = None
+    try:
         try:
-            if branch_parallel > 1:
-                from .branch import executor_class
-
-                executor_class()  # missing executor: say so here, not from inside the engine process
-            state.load_remote()  # the engine process loads the model; its errors come back as text
+            remote, executor, app = _start(settings)
         except (BranchParallelUnavailable, CheckpointError, ValueError, OSError, RuntimeError) as err:
             fail(str(err))
             return
-        remote, tokenizer = state.engine, state.bundle.tokenizer
-    else:
-        if num_threads is not None:
-            import torch
-
-            torch.set_num_threads(num_threads)
-    generate_fn = None
-    executor = None
-    try:
-        if branch_parallel > 1 and not engine_process:
-            from dllm.loading import resolve_model_path
-
-            # Ranks 1..N-1 are spawned processes with their own replica; this process is rank 0.
-            executor = start_executor(resolve_model_path(model), branch_parallel, dtype=dtype, device=device,
-                                      num_threads=num_threads)
-            generate_fn = executor.generate
-        if not engine_process:
-            bundle: ModelBundle = load_bundle(settings, model=executor.model if executor else None)
-    except (BranchParallelUnavailable, CheckpointError, ValueError, OSError, RuntimeError) as err:
-        if executor is not None:
-            executor.close()
-        fail(str(err))
-        return
-    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        typer.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)
-    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    if engine_process:
-        app = create_app(settings, tokenizer=tokenizer, engine=remote)
-    else:
-        app = create_app(settings, model=bundle.model, tokenizer=bundle.tokenizer, generate_fn=generate_fn)
-    typer.echo(f"serving {settings.model_name!r} on http://{host}:{port}/v1 (batch {max_batch_size}, queue {max_queue}, "
-               f"{'joining' if join else 'no joining'}, {'engine process' if engine_process else 'in-process engine'})")
-    try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10)
+        if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+            typer.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)
+        logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+        typer.echo(f"serving {settings.model_name!r} on http://{host}:{port}/v1 (batch {max_batch_size}, queue "
+                   f"{max_queue}, {'joining' if join else 'no joining'}, "
+                   f"{'engine process' if engine_process else 'in-process engine'})")
+        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, http=OpenAIErrorProtocol,
+                                timeout_graceful_shutdown=settings.drain_timeout_s)
+        _interrupt_on_signals()  # uvicorn handles them while it runs and raises them again when it is done
+        try:
+            DrainingServer(config, app.state.dllm).run()
+        except KeyboardInterrupt:  # the signal uvicorn raised again after its shutdown: a clean exit (0)
+            pass
     finally:
         if executor is not None:
             executor.close()
         if remote is not None:
             remote.stop()  # a no-op after the app's shutdown stopped it
+
+
+def _start(settings):
+    """Load the model (in the engine process, or here) and build the app: (remote engine, executor, app)."""
+    from dllm.loading import resolve_model_path
+
+    from .app import create_app
+    from .branch import start_executor
+    from .state import ServerState, load_bundle
+
+    remote = executor = None
+    try:
+        if settings.engine_process:
+            state = ServerState(settings, None)
+            if settings.branch_parallel > 1:
+                from .branch import executor_class
+
+                executor_class()  # missing executor: say so here, not from inside the engine process
+            state.load_remote()  # the engine process loads the model; its errors come back as text
+            remote = state.engine
+            return remote, None, create_app(settings, tokenizer=state.bundle.tokenizer, engine=remote)
+        if settings.num_threads is not None:
+            import torch
+
+            torch.set_num_threads(settings.num_threads)
+        generate_fn = None
+        if settings.branch_parallel > 1:
+            # Ranks 1..N-1 are spawned processes with their own replica; this process is rank 0.
+            executor = start_executor(resolve_model_path(settings.model), settings.branch_parallel,
+                                      dtype=settings.dtype, device=settings.device, num_threads=settings.num_threads)
+            generate_fn = executor.generate
+        bundle = load_bundle(settings, model=executor.model if executor else None)
+        return None, executor, create_app(settings, model=bundle.model, tokenizer=bundle.tokenizer,
+                                          generate_fn=generate_fn)
+    except BaseException:
+        if executor is not None:
+            executor.close()
+        if remote is not None:
+            remote.stop()
+        raise
+
+
+def _interrupt_on_signals() -> None:
+    """SIGTERM and SIGINT raise KeyboardInterrupt (uvicorn raises the signal that stopped it once more)."""
+    import signal
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _exit_on_signals() -> None:
+    """SIGTERM (and SIGINT) raise SystemExit(128 + signal) so that cleanup runs (until uvicorn's own handlers)."""
+    import signal
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
+
+
+def _draining_server_class():
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn's server, which on its first SIGTERM/SIGINT first tells the app to drain (queued and new
+        requests 503, running ones finish within ``timeout_graceful_shutdown``), then shuts down as usual."""
+
+        def __init__(self, config, state) -> None:
+            super().__init__(config)
+            self.dllm_state = state
+
+        def handle_exit(self, sig, frame) -> None:
+            if not self.should_exit:
+                self.dllm_state.begin_drain()
+            super().handle_exit(sig, frame)
+
+    return DrainingServer

@@ -48,7 +48,7 @@ from dllm.decoding.config import DiffusionGenerationConfig
 from dllm.decoding.streaming import BatchStreamer
 from dllm.decoding.textstream import RowText
 
-from .errors import ServingError, internal, queue_full
+from .errors import ServingError, internal, queue_full, shutting_down
 
 log = logging.getLogger("dllm.serving")
 
@@ -260,6 +260,7 @@ class Engine:
         self._wake_pending = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
+        self._draining = False  # shutdown began: finish the running call, admit nothing (drain)
         self._thread: threading.Thread | None = None
         self.batches = 0
         self._running: list[EngineRequest] | None = None  # requests of the running call, joined ones included
@@ -275,10 +276,19 @@ class Engine:
             pending, self._pending = self._pending, []
             self._cond.notify_all()
         for req in pending:
-            req._emit(Event("error", error=ServingError(503, "the server is shutting down", type="server_error",
-                                                        code="shutting_down", retry=True)))
+            req._emit(Event("error", error=shutting_down()))
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def drain(self) -> None:
+        """Shutdown begins: new requests get 503 ``shutting_down`` and so do the queued ones, now; the
+        running call finishes (its rows keep streaming), and no request joins it."""
+        with self._cond:
+            self._draining = True
+            pending, self._pending = self._pending, []
+            self._set_depth()
+        for req in pending:
+            req._emit(Event("error", error=shutting_down()))
 
     @property
     def queue_depth(self) -> int:
@@ -295,9 +305,8 @@ class Engine:
         req = EngineRequest(self, prompts, n, cfg, max_tokens, stop, isolated)
         self._loop = req.loop
         with self._cond:
-            if self._stopping:
-                raise ServingError(503, "the server is shutting down", type="server_error", code="shutting_down",
-                                   retry=True, headers={"Retry-After": "1"})
+            if self._stopping or self._draining:
+                raise shutting_down()
             if len(self._pending) >= self.max_queue:
                 raise queue_full()
             self._pending.append(req)
@@ -390,7 +399,7 @@ class Engine:
             return []
         out: list[EngineRequest] = []
         with self._cond:
-            if self._stopping:
+            if self._stopping or self._draining:
                 return []
             while self._pending:
                 req = self._pending[0]

@@ -37,7 +37,7 @@ from typing import Any
 from dllm.decoding.config import DiffusionGenerationConfig
 
 from .engine import Engine, EngineRequest, Event
-from .errors import ServingError, internal, queue_full
+from .errors import ServingError, internal, queue_full, shutting_down
 from .settings import apply_generation_defaults
 
 log = logging.getLogger("dllm.serving")
@@ -187,6 +187,22 @@ class ChildEngine(Engine):
         return joined
 
 
+def _exit_with_parent(poll_s: float = 0.5) -> None:
+    """End this process when the API process is gone, even one killed with SIGKILL while the model loads
+    (the pipe's EOF is seen only once serving starts): a daemon thread watches the parent pid."""
+    import os
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="dllm-parent-watch", daemon=True).start()
+
+
 def engine_main(conn, spec: dict) -> None:
     """Entry point of the engine process: load the model, report ``ready``, serve the pipe."""
     import signal
@@ -195,6 +211,7 @@ def engine_main(conn, spec: dict) -> None:
     # down in order ("stop", then a kill after a timeout); EOF on the pipe ends it if the API process dies.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _exit_with_parent()
     executor = None
     try:
         import torch
@@ -297,6 +314,7 @@ class RemoteEngine:
         self._conn = None
         self._reader: threading.Thread | None = None
         self._stopping = False
+        self._draining = False
         self._dead: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -312,13 +330,19 @@ class RemoteEngine:
         child.close()
         self._conn = parent
         deadline = time.monotonic() + timeout
-        while not parent.poll(0.2):
-            if not self._proc.is_alive():
-                raise RuntimeError(f"the engine process exited while loading the model (exit code {self._proc.exitcode})")
-            if time.monotonic() > deadline:
-                self._proc.kill()
-                raise RuntimeError(f"the engine process did not load the model in {timeout:.0f} s")
-        kind, payload = parent.recv()
+        try:
+            while not parent.poll(0.2):
+                if not self._proc.is_alive():
+                    raise RuntimeError(f"the engine process exited while loading the model (exit code "
+                                       f"{self._proc.exitcode})")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the engine process did not load the model in {timeout:.0f} s")
+            kind, payload = parent.recv()
+        except BaseException:  # a timeout, or a signal ending start-up: the half-loaded process goes too
+            self._proc.kill()
+            self._proc.join(5)
+            self._stopping = True
+            raise
         if kind != "ready":
             self._proc.join(10)
             self._stopping = True
@@ -343,6 +367,21 @@ class RemoteEngine:
         self._fail_all(ServingError(503, "the server is shutting down", type="server_error", code="shutting_down",
                                     retry=True))
 
+    def drain(self) -> None:
+        """Shutdown begins (see Engine.drain): new and queued requests get 503, running ones finish."""
+        with self._lock:
+            self._draining = True
+            queued = [self._state.requests.pop(rid) for rid in list(self._state.waiting) if rid in self._state.requests]
+            self._state.waiting.clear()
+            self._set_depth()
+        for req in queued:
+            req.done = True
+            self._send(("cancel", req.rid))
+            try:
+                req.loop.call_soon_threadsafe(req.queue.put_nowait, Event("error", error=shutting_down()))
+            except RuntimeError:
+                pass
+
     @property
     def alive(self) -> bool:
         return self._dead is None and self._proc is not None and self._proc.is_alive()
@@ -354,9 +393,8 @@ class RemoteEngine:
     # -- loop side ---------------------------------------------------------------------------
     def submit(self, prompts: list[list[int]], *, n: int, cfg: DiffusionGenerationConfig, max_tokens: int,
                stop: tuple[str, ...] = (), isolated: bool = False) -> RemoteRequest:
-        if self._stopping:
-            raise ServingError(503, "the server is shutting down", type="server_error", code="shutting_down",
-                               retry=True, headers={"Retry-After": "1"})
+        if self._stopping or self._draining:
+            raise shutting_down()
         if self._dead is not None:
             raise internal(f"the decoding engine stopped: {self._dead}")
         with self._lock:
@@ -410,9 +448,10 @@ class RemoteEngine:
             code = self._proc.exitcode if self._proc is not None else None
             self._dead = f"the engine process exited (exit code {code})"
             log.error("%s; failing the open requests", self._dead)
-        self._fail_all(internal("the decoding engine stopped; see the server log")
-                       if not self._stopping else ServingError(503, "the server is shutting down",
-                                                               type="server_error", code="shutting_down", retry=True))
+        # the requests that were decoding when the engine died: retryable (the server restarts the engine)
+        self._fail_all(ServingError(503, "the decoding engine stopped; retry", type="server_error",
+                                    code="engine_stopped", retry=True)
+                       if not self._stopping else shutting_down())
 
     def _on_events(self, items: list, ops: list) -> None:
         if ops:

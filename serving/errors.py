@@ -57,6 +57,11 @@ def queue_full(retry_after_s: int = 1) -> ServingError:
                         code="queue_full", retry=True, headers={"Retry-After": str(retry_after_s)})
 
 
+def shutting_down() -> ServingError:
+    return ServingError(503, "the server is shutting down; retry on another replica or shortly", type="server_error",
+                        code="shutting_down", retry=True, headers={"Retry-After": "1"})
+
+
 def not_ready() -> ServingError:
     return ServingError(503, "the model is still loading; retry shortly", type="server_error", code="not_ready",
                         retry=True, headers={"Retry-After": "1"})

@@ -8,6 +8,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastapi import Request
@@ -32,6 +33,9 @@ class OpenAIServing:
     def __init__(self, state: ServerState) -> None:
         self.state = state
         self.metrics = state.metrics
+        # Chat templating and tokenizing a large prompt take long enough to stall every other request if
+        # they ran on the event loop; one thread, because a Rust tokenizer must not be used by two at once
+        self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dllm-plan")
 
     def fail(self, endpoint: str, err: ServingError) -> JSONResponse:
         self.metrics.errors.labels(endpoint, str(err.status)).inc()
@@ -48,7 +52,9 @@ class OpenAIServing:
             req = parse(ChatCompletionRequest if chat else CompletionRequest, body)
             state.check_model(req.model)
             state.require_ready()
-            plan = plan_chat(state, req) if chat else plan_completion(state, req)
+            plan = await asyncio.get_running_loop().run_in_executor(
+                self._planner, plan_chat if chat else plan_completion, state, req)
+            state.require_ready()  # the engine may have stopped while the prompt was tokenized
             handle_ = state.engine.submit(plan.prompts, n=plan.n, cfg=plan.cfg, max_tokens=plan.max_tokens,
                                           stop=plan.stop, isolated=plan.isolated)
         except ServingError as err:

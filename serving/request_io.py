@@ -34,7 +34,29 @@ async def read_json(request: Request, limit: int) -> dict:
         raise bad_request(f"the request body is not valid JSON ({str(err)[:200]})", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object", code="invalid_json")
+    if (where := _lone_surrogate(body)) is not None:
+        raise bad_request(f"{where or 'the body'} holds a lone UTF-16 surrogate (an escaped \\ud800-\\udfff "
+                          "without its pair), which is not text", param=where.split(".")[0] or None,
+                          code="invalid_text")
     return body
+
+
+def _lone_surrogate(value, path: str = "") -> str | None:
+    """The path of the first string with a lone surrogate (JSON allows the escape; text cannot hold it)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and _lone_surrogate(key) is not None:
+            return path or "body"
+        found = _lone_surrogate(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def parse(model: type[BaseModel], body: dict) -> Any:

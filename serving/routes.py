@@ -26,17 +26,43 @@ def install_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/ready")
     async def ready():
+        """200 only while requests can be served: loaded, the engine alive, not draining for shutdown."""
         if state.ready:
             return {"status": "ready", "model": settings.model_name}
-        body = {"status": "loading" if state.load_error is None else "failed"}
+        body = {"status": state.status()}
         if state.load_error:
             body["detail"] = state.load_error
         return JSONResponse(body, status_code=503)
 
     @app.get("/metrics")
-    async def metrics_route():
+    async def metrics_route(request: Request):
+        try:
+            if not settings.public_metrics:
+                state.check_auth(request)
+        except ServingError as err:
+            return err.response()
         data, ctype = metrics.render()
         return Response(data, media_type=ctype)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request):
+        try:
+            if not settings.public_docs:
+                state.check_auth(request)
+        except ServingError as err:
+            return err.response()
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs(request: Request):
+        from fastapi.openapi.docs import get_swagger_ui_html
+
+        try:
+            if not settings.public_docs:
+                state.check_auth(request)
+        except ServingError as err:
+            return err.response()
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=app.title)
 
     def _model_card() -> dict:
         # max_model_len as vLLM reports it; the model's facts under "dllm" (once it has loaded)

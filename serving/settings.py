@@ -14,7 +14,14 @@ class ServerSettings:
         model: ``tiny``, ``tiny-d2f`` or a checkpoint directory with tokenizer files.
         served_model_name: the id clients send as ``model`` (default: ``model`` as given).
         host / port: where to listen; loopback unless told otherwise.
-        api_key: when set, ``/v1/*`` needs ``Authorization: Bearer <api_key>``.
+        api_key: when set, ``/v1/*``, ``/docs``, ``/openapi.json`` and ``/metrics`` need
+            ``Authorization: Bearer <api_key>`` (an empty or whitespace key is refused: it would lock
+            everyone out or nobody). ``public_metrics`` / ``public_docs``: ``/metrics`` / ``/docs`` and
+            ``/openapi.json`` stay open even with a key (for a scraper or a browser that cannot send it).
+        allowed_hosts: when not empty, requests whose ``Host`` header names another host get 400
+            (a DNS-rebinding guard for a server on a shared network).
+        drain_timeout_s: on SIGTERM/SIGINT, running requests get this long to finish; queued ones are
+            answered 503 at once, and new ones too (``/ready`` turns 503 so balancers stop sending).
         max_batch_size: most rows (sequences) in one ``generate`` call.
         max_queue: most requests waiting for a batch; one more gets 503 + ``Retry-After``.
         batch_wait_ms: before starting a batch that is not full, the scheduler waits until no request
@@ -48,6 +55,10 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    public_metrics: bool = False
+    public_docs: bool = False
+    allowed_hosts: tuple[str, ...] = ()
+    drain_timeout_s: float = 30.0
     max_batch_size: int = 8
     max_queue: int = 256
     batch_wait_ms: float = 10.0
@@ -88,6 +99,13 @@ class ServerSettings:
             raise ValueError(f"num_threads must be a positive integer, got {self.num_threads!r}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key is empty or whitespace: give a real key, or none for no authentication")
+        if self.api_key is not None and self.api_key != self.api_key.strip():
+            raise ValueError("api_key starts or ends with whitespace, which an HTTP header cannot carry: strip it")
+        if not (isinstance(self.drain_timeout_s, (int, float)) and 0 <= self.drain_timeout_s < float("inf")):
+            raise ValueError(f"drain_timeout_s must be a finite number >= 0, got {self.drain_timeout_s!r}")
+        object.__setattr__(self, "allowed_hosts", tuple(h.strip().lower() for h in self.allowed_hosts if h.strip()))
 
     @property
     def model_name(self) -> str:

@@ -71,6 +71,8 @@ class ServerState:
         self.created = int(time.time())
         self.load_error: str | None = None
         self.generate_fn = None  # a branch-parallel executor's generate, when one runs
+        self.draining = False  # shutdown has begun (begin_drain)
+        self.restarts = 0  # engines restarted after one stopped
 
     def start_engine(self) -> None:
         b = self.bundle
@@ -107,25 +109,55 @@ class ServerState:
 
     @property
     def ready(self) -> bool:
-        return self.engine is not None
+        return self.engine is not None and self.engine.alive and not self.draining
+
+    def status(self) -> str:
+        """What /ready says while not ready: loading, failed, restarting, draining."""
+        if self.draining:
+            return "draining"
+        if self.load_error is not None:
+            return "failed"
+        if self.engine is not None and not self.engine.alive:
+            return "engine_stopped"
+        return "restarting" if self.restarts else "loading"
+
+    def begin_drain(self) -> None:
+        """Shutdown starts: no new requests (503 ``shutting_down``), queued ones answered 503 now, running
+        ones finish (the server waits ``drain_timeout_s`` for them); /ready turns 503."""
+        self.draining = True
+        if self.engine is not None:
+            self.engine.drain()
 
     def check_auth(self, request: Request) -> None:
-        """401 unless the request carries the API key (when one is set)."""
+        """401 unless the request carries the API key (when one is set). Compared as bytes in constant
+        time: the header's raw bytes (HTTP headers arrive as latin-1) against the key's UTF-8 bytes, so a
+        non-ASCII key works when the client sends it UTF-8 encoded."""
         key = self.settings.api_key
         if not key:
             return
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        try:
+            sent = token.strip().encode("latin-1")
+        except UnicodeEncodeError:
+            sent = b""
+        if scheme.lower() != "bearer" or not hmac.compare_digest(sent, key.encode("utf-8")):
             raise ServingError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
                                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
     def require_ready(self) -> ModelBundle:
-        """The loaded model, or 503 while it loads (or after it failed to)."""
+        """The loaded model, or 503 while it loads (or after it failed to), restarts or drains."""
         if not self.ready:
+            if self.draining:
+                raise ServingError(503, "the server is shutting down", type="server_error", code="shutting_down",
+                                   retry=True, headers={"Retry-After": "1"})
             if self.load_error:
                 raise ServingError(503, f"the model failed to load: {self.load_error}", type="server_error",
                                    code="model_load_failed")
+            if self.status() in ("engine_stopped", "restarting"):
+                raise ServingError(503, "the decoding engine stopped and is restarting; retry shortly",
+                                   type="server_error", code="engine_restarting", retry=True,
+                                   headers={"Retry-After": "2"})
             raise not_ready()
         return self.bundle
 

@@ -66,9 +66,12 @@ def running_server(app, *, host: str = "127.0.0.1", timeout: float = 30.0):
     """Run ``app`` with uvicorn in a thread on a free loopback port; yields the base URL."""
     import uvicorn
 
+    from .http_protocol import OpenAIErrorProtocol
+
     sock = free_socket(host)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5,
+                                           http=OpenAIErrorProtocol))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout

@@ -230,7 +230,7 @@ def test_invalid_configs_raise_clear_errors(model):
     assert (rounded.canvas_tokens, rounded.num_blocks) == (12, 3)
     with pytest.raises(GenerationConfigError, match="threshold must be in"):
         DiffusionGenerationConfig(threshold=1.5)
-    for kw, msg in [({"threshold": "0.9"}, "threshold must be a number, got '0.9'"),
+    for kw, msg in [({"threshold": "0.9"}, "threshold='0.9' must be a finite number"),
                     ({"max_new_tokens": 64.0}, "max_new_tokens must be an integer"),
                     ({"stop_at_eos": "no"}, "stop_at_eos must be true or false")]:
         with pytest.raises(GenerationConfigError, match=msg):  # named, not a TypeError from a comparison

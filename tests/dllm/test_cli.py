@@ -42,7 +42,7 @@ def test_generate_text_and_status_line(ckpt):
     (["--device", "tpu"], "is not a torch device"),
     (["--set", "foo=1"], "unknown generation option(s) foo; valid: alg_temp"),
     (["--set", "threshold"], "expected KEY=VALUE, got 'threshold'"),
-    (["--set", "threshold=high"], "threshold must be a number, got 'high'"),
+    (["--set", "threshold=high"], "threshold='high' must be a finite number"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
 ])
 def test_generate_user_errors_are_clear(ckpt, args, msg):

@@ -140,7 +140,7 @@ def test_bench_cli_user_errors(ckpt):
     assert r.exit_code == 2 and "--threads must be >= 1" in r.output
     r = CliRunner().invoke(app, ["bench", "--model", str(ckpt), "--suite", "arith", "--n", "1", "--no-progress",
                                  "--strategies", "vanilla,threshold", "--sweep", "threshold=high"])
-    assert r.exit_code == 2 and "threshold must be a number, got 'high'" in r.output
+    assert r.exit_code == 2 and "threshold='high' must be a finite number" in r.output
 
 
 def test_bench_cli_output_paths_are_checked_before_the_run(ckpt, tmp_path):
