@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dllm.serving.protocol import ChatCompletionRequest, CompletionRequest
 from dllm.serving.testing import TEST_MODEL as MODEL
 
-FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "seed",
-          "stop", "stream", "stream_options", "echo", "logprobs", "best_of", "suffix", "user", "presence_penalty",
-          "frequency_penalty", "logit_bias", "tools", "response_format", "top_logprobs", "strategy", "threshold",
-          "block_length", "cache", "steps", "factor", "block_add_threshold", "decoded_token_threshold",
-          "skip_threshold", "entropy_threshold", "lopa_branches", "lopa_alpha", "lopa_rho", "lopa_confidence", "remasking", "refresh_interval",
-          "cache_delay", "top_k"]
+# every field either request model knows, and names it does not (a typo, another server's extension)
+FIELDS = sorted(set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields)) + [
+    "skip_treshold", "guided_whitespace_pattern", "x"]
 
 scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.integers(-3, 40)
            | st.floats(allow_nan=False, allow_infinity=False) | st.floats(-1, 3)
@@ -46,7 +45,8 @@ in_range = {  # values that mostly pass validation, so decoding itself gets fuzz
     "block_length": st.sampled_from([1, 2, 3, 4, 8, 16]), "steps": st.integers(1, 16), "lopa_branches": st.integers(0, 4),
     "lopa_alpha": unit, "lopa_rho": st.floats(0.01, 1), "lopa_confidence": st.sampled_from(["prob", "neg_entropy"]),
     "remasking": st.sampled_from(["low_confidence", "random"]), "refresh_interval": st.integers(1, 4),
-    "cache_delay": st.integers(0, 4),
+    "cache_delay": st.integers(0, 4), "d2f_confidence": st.sampled_from(["prob", "neg_entropy", "margin"]),
+    "min_p": st.floats(0, 0.99), "min_tokens": st.integers(0, 4), "ignore_eos": st.booleans(),
     "top_k": st.integers(1, 500), "temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1), "n": st.integers(1, 3),
     "seed": st.integers(0, 2**64 - 1), "max_tokens": st.integers(1, 16), "stop": st.text(max_size=3) | st.lists(st.text(max_size=3), max_size=3),
     "stream": st.booleans(), "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
@@ -67,7 +67,9 @@ def client(serve, checkpoint):
         yield c
 
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+# DLLM_FUZZ_EXAMPLES=5000 for a long run (the default keeps the suite short)
+FUZZ = settings(max_examples=int(os.environ.get("DLLM_FUZZ_EXAMPLES", "300")), deadline=None,
+                suppress_health_check=list(HealthCheck))
 
 
 def _check(r: httpx.Response) -> None:
@@ -97,3 +99,16 @@ def test_fuzzed_raw_bytes_never_5xx(client, raw, chat):
                     headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize("field", ["temperature", "threshold", "factor", "entropy_threshold", "top_p", "min_p",
+                                   "lopa_alpha", "max_tokens", "n", "seed"])
+@pytest.mark.parametrize("number", ["1e999", "-1e999", "NaN", "Infinity"])
+def test_non_finite_numbers_are_400_naming_the_field(client, field, number):
+    """JSON has no NaN or Infinity, and 1e999 parses to infinity: each is refused before any work runs."""
+    raw = '{"model": "%s", "prompt": "hi", "max_tokens": 4, "%s": %s}' % (MODEL, field, number)
+    r = client.post("/v1/completions", content=raw.encode(), headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == "invalid_json" or err["param"] == field, err
