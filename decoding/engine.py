@@ -9,6 +9,7 @@ import torch
 
 from dllm.special_ids import require_mask_token
 
+from .budget import check_memory
 from .config import DiffusionGenerationConfig
 from .errors import GenerationConfigError
 from .registry import check_compatible, get_strategy
@@ -63,6 +64,7 @@ def generate(
         raise GenerationConfigError("stop_strings need the tokenizer: pass tokenizer= to generate")
     if bool((input_ids == mask_id).any()):
         raise GenerationConfigError(f"the prompt contains the mask token id {mask_id}; masks are for the canvas only")
+    check_memory(model, input_ids.shape[0], input_ids.shape[1], cfg)  # refuse, not fail mid-allocation
     device = model.get_input_embeddings().weight.device
     input_ids = input_ids.to(device)
     attention_mask = attention_mask.to(device) if attention_mask is not None else None

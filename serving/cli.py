@@ -62,6 +62,10 @@ def serve(
                                              help="Send new text every decoding step, or every this many ms when "
                                                   "steps are faster (first text and row ends: a quarter of it)."),
     max_tokens_cap: int = typer.Option(1024, "--max-tokens-cap", help="Largest max_tokens a request may ask for."),
+    max_request_tokens: int | None = typer.Option(None, "--max-request-tokens",
+                                                  help="Most canvas slots one request may decode: rows x LoPA "
+                                                       "branches x (prompt + canvas) (default: 65,536, or what a "
+                                                       "quarter of free memory holds)."),
     max_prompt_tokens: int = typer.Option(4096, "--max-prompt-tokens", help="Longer prompts get 413."),
     max_body_bytes: int = typer.Option(1 << 20, "--max-body-bytes", help="Larger request bodies get 413."),
     branch_parallel: int = typer.Option(1, "--branch-parallel",
@@ -101,7 +105,7 @@ def serve(
                                   max_batch_size=max_batch_size, max_queue=max_queue,
                                   batch_wait_ms=batch_wait_ms, join=join, join_max_spread=join_max_spread or None,
                                   stream_interval_ms=stream_interval_ms,
-                                  max_tokens_cap=max_tokens_cap,
+                                  max_tokens_cap=max_tokens_cap, max_request_tokens=max_request_tokens,
                                   max_prompt_tokens=max_prompt_tokens, max_body_bytes=max_body_bytes,
                                   branch_parallel=branch_parallel, engine_process=engine_process, dtype=dtype,
                                   device=device, num_threads=num_threads)

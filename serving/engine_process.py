@@ -44,6 +44,14 @@ log = logging.getLogger("dllm.serving")
 
 
 # -- what the API process knows about the model ------------------------------------------------------
+def memory_slot_budget(model, fraction: float = 0.25) -> int:
+    """Canvas slots (rows x (prompt + canvas)) whose KV cache fits in ``fraction`` of the memory free now."""
+    from dllm.decoding.budget import available_bytes, slot_bytes
+
+    free = available_bytes(model.get_input_embeddings().weight.device)
+    return int(fraction * free // slot_bytes(model)) if free else 1 << 40
+
+
 @dataclass
 class ModelInfo:
     """The model as the API process sees it: no weights, just what requests are checked against."""
@@ -53,6 +61,7 @@ class ModelInfo:
     config: Any  # the model's (picklable) PretrainedConfig
     vocab_rows: int
     mask_token_id: int
+    slot_budget: int  # canvas slots whose KV cache fits in a quarter of the memory free at load time
 
     @classmethod
     def from_model(cls, model, tokenizer) -> ModelInfo:
@@ -61,7 +70,7 @@ class ModelInfo:
         base = model.diffusion_generation_config
         mask = base.mask_token_id if base.mask_token_id is not None else require_mask_token(model, tokenizer)
         return cls(base, bool(model.is_block_causal), model.config,
-                   int(model.get_input_embeddings().weight.shape[0]), int(mask))
+                   int(model.get_input_embeddings().weight.shape[0]), int(mask), memory_slot_budget(model))
 
 
 # -- engine process ----------------------------------------------------------------------------------

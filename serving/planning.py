@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from dllm.decoding.budget import branch_factor
 from dllm.decoding.config import DiffusionGenerationConfig, GenerationConfigError
 
 from .errors import ServingError, bad_request, unsupported
@@ -154,6 +155,21 @@ def _check_context(state: ServerState, prompts: list[list[int]], cfg: DiffusionG
                            param="max_tokens", code="context_length_exceeded")
 
 
+def _check_cost(state: ServerState, prompts: list[list[int]], n: int, cfg: DiffusionGenerationConfig) -> None:
+    """400 when one request would decode more canvas slots than the server allows (bounded memory and time
+    per request: rows x LoPA branches x (longest prompt + canvas))."""
+    branches = branch_factor(cfg)
+    slots = max(len(p) for p in prompts) + cfg.canvas_tokens
+    cost = len(prompts) * n * branches * slots
+    limit = state.settings.max_request_tokens or state.bundle.max_request_tokens
+    if cost > limit:
+        per = f"{len(prompts) * n} rows" + (f" x {branches} LoPA branches" if branches > 1 else "") + f" x {slots} slots"
+        raise ServingError(400, f"this request would decode {cost:,} canvas slots ({per}); this server's limit is "
+                                f"{limit:,} (--max-request-tokens): lower n, lopa_branches or max_tokens",
+                           param="n" if n > 1 else ("lopa_branches" if branches > 1 else "max_tokens"),
+                           code="request_too_costly")
+
+
 def plan_completion(state: ServerState, req: CompletionRequest) -> Plan:
     p = req.prompt
     if isinstance(p, str):
@@ -183,6 +199,7 @@ def plan_completion(state: ServerState, req: CompletionRequest) -> Plan:
     else:
         prompts = [_check_prompt_ids(state, ids) for ids in token_prompts]
     _check_context(state, prompts, cfg)
+    _check_cost(state, prompts, req.n, cfg)
     echo = None
     if req.echo:
         tok = state.bundle.tokenizer
@@ -228,6 +245,7 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> Plan:
         ids = ids["input_ids"]
     prompts = [_check_prompt_ids(state, list(ids), "messages")]
     _check_context(state, prompts, cfg)
+    _check_cost(state, prompts, req.n, cfg)
     return Plan(prompts, req.n, cfg, max_tokens, stop, isolated)
 
 

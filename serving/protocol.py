@@ -47,6 +47,8 @@ class DiffusionOptions(_Model):
     lopa_alpha: float | None = None
     lopa_rho: float | None = None
     lopa_confidence: str | None = None
+    editing_threshold: float | None = None
+    max_post_steps: int | None = None
     remasking: str | None = None
     refresh_interval: int | None = None
     cache_delay: int | None = None

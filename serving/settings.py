@@ -38,6 +38,9 @@ class ServerSettings:
         max_prompt_tokens: prompts above this (per prompt) get 413.
         max_tokens_cap: most generated tokens a request may ask for (the canvas cap); above it: 400.
         max_n / max_prompts / max_rows_per_request: fan-out caps (``n``, prompt lists, n x prompts).
+        max_request_tokens: most canvas slots one request may decode: rows x LoPA branches x (its longest
+            prompt + canvas); above it: 400. ``None``: 65,536, or less when a quarter of the memory free
+            at load time holds fewer slots' KV cache.
         max_stop / max_stop_length: how many stop strings, and how long each.
         branch_parallel: processes evaluating LoPA branches (needs the decoding executor).
         engine_process: decode in a separate process (what ``dllm serve`` does): the HTTP event loop
@@ -71,6 +74,7 @@ class ServerSettings:
     max_n: int = 16
     max_prompts: int = 32
     max_rows_per_request: int = 64
+    max_request_tokens: int | None = None
     max_stop: int = 16
     max_stop_length: int = 256
     branch_parallel: int = 1
@@ -95,6 +99,9 @@ class ServerSettings:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.join_max_spread is not None and self.join_max_spread < 1:
             raise ValueError(f"join_max_spread must be >= 1 (blocks), got {self.join_max_spread}")
+        if self.max_request_tokens is not None and (not isinstance(self.max_request_tokens, int)
+                                                    or self.max_request_tokens < 1):
+            raise ValueError(f"max_request_tokens must be a positive integer, got {self.max_request_tokens!r}")
         if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
             raise ValueError(f"num_threads must be a positive integer, got {self.num_threads!r}")
         if not 0 <= self.port < 65536:

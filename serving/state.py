@@ -9,10 +9,12 @@ import time
 from fastapi import Request
 
 from .engine import Engine
-from .engine_process import ModelInfo, RemoteEngine
+from .engine_process import ModelInfo, RemoteEngine, memory_slot_budget
 from .errors import ServingError, not_ready
 from .metrics import ServerMetrics
 from .settings import ServerSettings, apply_generation_defaults
+
+DEFAULT_REQUEST_TOKENS = 65_536  # 64 rows of 1,024 slots: ServerSettings.max_request_tokens when unset
 
 
 class ModelBundle:
@@ -34,6 +36,9 @@ class ModelBundle:
             self.mask_id = base.mask_token_id if base.mask_token_id is not None else require_mask_token(model, tokenizer)
             rows = model.get_input_embeddings().weight.shape[0]
         self.vocab_size = min(rows, len(tokenizer))
+        # canvas slots one request may decode (planning checks rows x branches x (prompt + canvas))
+        budget = model.slot_budget if isinstance(model, ModelInfo) else memory_slot_budget(model)
+        self.max_request_tokens = min(DEFAULT_REQUEST_TOKENS, budget)
         cfg = model.config
         self.context_length = getattr(cfg, "max_sequence_length", None) or getattr(cfg, "max_position_embeddings", None)
         self.has_chat_template = bool(getattr(tokenizer, "chat_template", None))

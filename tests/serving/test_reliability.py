@@ -141,3 +141,18 @@ def test_health_answers_fast_while_large_prompts_are_tokenized(live):
         t.join()
     assert all(r.status_code == 413 for r in responses)  # each tokenized, then refused as too long
     assert len(worst) >= 5 and max(worst) < 0.1, max(worst)
+
+
+def test_one_request_cannot_take_unbounded_work(serve, checkpoint):
+    """n x LoPA branches x canvas is checked against --max-request-tokens before any work is queued."""
+    with serve(checkpoint, max_request_tokens=4096) as (url, app):
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 64, "n": 16, "strategy": "lopa", "lopa_branches": 8,
+                "block_length": 8}
+        r = httpx.post(url + "/v1/completions", json=body)
+        assert r.status_code == 400 and _error(r)["code"] == "request_too_costly" and _error(r)["param"] == "n"
+        assert "--max-request-tokens" in _error(r)["message"] and "16 rows x 9 LoPA branches" in _error(r)["message"]
+        assert app.state.dllm.engine.queue_depth == 0
+        small = {**body, "n": 1, "lopa_branches": 2}
+        assert httpx.post(url + "/v1/completions", json=small).status_code == 200
+    with serve(checkpoint) as (url, app):
+        assert app.state.dllm.bundle.max_request_tokens == 65_536  # the default (memory allows more here)
