@@ -7,7 +7,7 @@ import warnings
 
 import torch
 
-from dllm.special_ids import require_mask_token
+from dllm.special_ids import check_in_vocabulary, require_mask_token
 
 from .budget import check_memory
 from .config import DiffusionGenerationConfig
@@ -17,7 +17,11 @@ from .state import DecodeState, DiffusionGenerateOutput
 
 
 def resolve_special_ids(model, cfg: DiffusionGenerationConfig, tokenizer=None) -> tuple[int, int | None]:
-    mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else require_mask_token(model, tokenizer)
+    if cfg.mask_token_id is not None:
+        check_in_vocabulary(model, "mask_token_id", cfg.mask_token_id)
+        mask_id = cfg.mask_token_id
+    else:
+        mask_id = require_mask_token(model, tokenizer)
     eos_id = cfg.eos_token_id
     if eos_id is None:
         eos_id = getattr(model.config, "eos_token_id", None)

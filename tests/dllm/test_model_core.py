@@ -327,6 +327,32 @@ def test_missing_mask_token_error_names_the_fix():
     assert require_mask_token(tiny_llada()) == MASK
 
 
+def test_a_config_without_its_own_mask_id_fails_closed(tmp_path):
+    """A small checkpoint whose config.json lacks mask_token_id gets LLaDA's published id (126336), which its
+    vocabulary does not have: loading succeeds, but generate and the server refuse it by name, never 500s."""
+    import json
+
+    from dllm.serving.settings import ServerSettings
+    from dllm.serving.state import load_bundle
+
+    model = tiny_llada()
+    model.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["mask_token_id"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    bare = load_model(tmp_path)
+    assert bare.config.mask_token_id == 126336
+    with pytest.raises(CheckpointError, match=r"mask_token_id=126336 is not in this model's vocabulary \(64 rows\)"):
+        bare.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=8, block_length=8)
+    with pytest.raises(CheckpointError, match="mask_token_id"):
+        bare.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=8, block_length=8, mask_token_id=999)
+    from dllm.testing import tiny_tokenizer
+
+    tiny_tokenizer().save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match="mask_token_id=126336"):
+        load_bundle(ServerSettings(model=str(tmp_path)))
+
+
 def test_device_map_through_accelerate(tmp_path):
     model = tiny_dream()
     model.save_pretrained(tmp_path)
