@@ -48,7 +48,7 @@ from dllm.decoding.config import DiffusionGenerationConfig
 from dllm.decoding.streaming import BatchStreamer
 from dllm.decoding.textstream import RowText
 
-from .errors import ServingError, internal, queue_full, shutting_down
+from .errors import BatchClock, ServingError, internal, queue_full, shutting_down
 
 log = logging.getLogger("dllm.serving")
 
@@ -261,6 +261,7 @@ class Engine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._draining = False  # shutdown began: finish the running call, admit nothing (drain)
+        self.clock = BatchClock()  # batch durations, for a full queue's Retry-After
         self._thread: threading.Thread | None = None
         self.batches = 0
         self._running: list[EngineRequest] | None = None  # requests of the running call, joined ones included
@@ -308,7 +309,8 @@ class Engine:
             if self._stopping or self._draining:
                 raise shutting_down()
             if len(self._pending) >= self.max_queue:
-                raise queue_full()
+                queued = sum(len(r.rows) for r in self._pending)
+                raise queue_full(self.clock.retry_after(queued, self.max_batch_size))
             self._pending.append(req)
             self._last_arrival = req.arrival = time.monotonic()
             self._set_depth()
@@ -468,6 +470,7 @@ class Engine:
                 m.running_rows.set(0)
                 m.active_branches.set(0)
                 m.generate_seconds.observe(time.perf_counter() - t0)
+            self.clock.add(time.perf_counter() - t0)
         if m is not None:
             m.forward_seconds.inc(float(out.timings.get("forward_seconds", 0.0)))
         streamer.flush()

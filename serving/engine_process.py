@@ -37,7 +37,7 @@ from typing import Any
 from dllm.decoding.config import DiffusionGenerationConfig
 
 from .engine import Engine, EngineRequest, Event
-from .errors import ServingError, internal, queue_full, shutting_down
+from .errors import BatchClock, ServingError, internal, queue_full, shutting_down
 from .settings import apply_generation_defaults
 
 log = logging.getLogger("dllm.serving")
@@ -325,6 +325,7 @@ class RemoteEngine:
         self._stopping = False
         self._draining = False
         self._dead: str | None = None
+        self.clock = BatchClock()  # batch durations the engine process reports, for a full queue's Retry-After
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, timeout: float = 900.0) -> ModelInfo:
@@ -408,7 +409,8 @@ class RemoteEngine:
             raise internal(f"the decoding engine stopped: {self._dead}")
         with self._lock:
             if len(self._state.waiting) >= self.max_queue:
-                raise queue_full()
+                queued = sum(len(self._state.requests[r].rows) for r in self._state.waiting if r in self._state.requests)
+                raise queue_full(self.clock.retry_after(queued, self.spec["engine"]["max_batch_size"]))
             req = RemoteRequest(self, next(self._ids), len(prompts) * n)
             self._state.requests[req.rid] = req
             self._state.waiting.add(req.rid)
@@ -465,6 +467,9 @@ class RemoteEngine:
     def _on_events(self, items: list, ops: list) -> None:
         if ops:
             self.batches += sum(1 for op in ops if op[0] == "batch_size")
+            for name, _labels, method, value in ops:
+                if name == "generate_seconds" and method == "observe":
+                    self.clock.add(value)
             if self.metrics is not None:
                 apply_metric_ops(self.metrics, ops)
         deliveries: dict[int, tuple[RemoteRequest, list[Event]]] = {}

@@ -6,6 +6,7 @@ The ``openai`` client retries 408/409/429 and every status >= 500 unless the res
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -53,8 +54,24 @@ def unsupported(param: str, what: str) -> ServingError:
 
 
 def queue_full(retry_after_s: int = 1) -> ServingError:
-    return ServingError(503, "the server is at capacity (request queue full); retry shortly", type="server_error",
-                        code="queue_full", retry=True, headers={"Retry-After": str(retry_after_s)})
+    return ServingError(503, f"the server is at capacity (request queue full); retry in about {retry_after_s} s",
+                        type="server_error", code="queue_full", retry=True, headers={"Retry-After": str(retry_after_s)})
+
+
+class BatchClock:
+    """How long a batch takes (a moving average of generate calls), for the ``Retry-After`` of a full queue:
+    the queue ahead of a new request drains in about ``queued / rows per batch`` batches."""
+
+    def __init__(self) -> None:
+        self.seconds: float | None = None
+
+    def add(self, seconds: float) -> None:
+        self.seconds = seconds if self.seconds is None else 0.8 * self.seconds + 0.2 * seconds
+
+    def retry_after(self, queued_rows: int, max_batch_size: int) -> int:
+        if self.seconds is None:
+            return 1
+        return max(1, min(60, math.ceil(queued_rows / max(1, max_batch_size) * self.seconds)))
 
 
 def shutting_down() -> ServingError:

@@ -180,3 +180,16 @@ def test_queue_full_and_errors():
         assert bad.batches == 3  # the batch failed before decoding anything: retried one request at a time
 
     asyncio.run(main())
+
+
+def test_retry_after_follows_the_queue_and_the_batch_time():
+    from dllm.serving.errors import BatchClock
+
+    clock = BatchClock()
+    assert clock.retry_after(queued_rows=100, max_batch_size=8) == 1  # nothing measured yet
+    clock.add(2.0)
+    assert clock.retry_after(queued_rows=16, max_batch_size=8) == 4  # two batches of 2 s ahead
+    assert clock.retry_after(queued_rows=1, max_batch_size=8) == 1
+    assert clock.retry_after(queued_rows=10_000, max_batch_size=8) == 60  # capped
+    clock.add(1.0)
+    assert clock.seconds == pytest.approx(1.8)
