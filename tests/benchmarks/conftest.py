@@ -1,6 +1,7 @@
 """Helpers for the tests of the scripts in benchmarks/ (plain scripts, not an importable package)."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,9 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", BENCHMARKS / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses resolve their annotations through sys.modules
     spec.loader.exec_module(mod)
     return mod
 
