@@ -70,6 +70,10 @@ def serve(
     max_body_bytes: int = typer.Option(1 << 20, "--max-body-bytes", help="Larger request bodies get 413."),
     branch_parallel: int = typer.Option(1, "--branch-parallel",
                                         help="Ranks evaluating LoPA branches: this process + N-1 spawned workers."),
+    replicas: int = typer.Option(1, "--replicas",
+                                 help="Serve N replicas of the model on Ray Serve (the ray extra), one process each, "
+                                      "behind one port."),
+    replica_cpus: float = typer.Option(1.0, "--replica-cpus", help="CPUs Ray reserves for each replica."),
     engine_process: bool = typer.Option(True, "--engine-process/--in-process",
                                         help="Decode in a separate engine process (default), so HTTP handling and "
                                              "decoding do not share one GIL; --in-process: a decoding thread in the "
@@ -114,6 +118,17 @@ def serve(
         return
     if reason := _cannot_listen(host, port):  # before the model loads: that can take minutes for a 7B
         fail(f"cannot listen on {host}:{port}: {reason} (is another server running? choose another --port)")
+        return
+    if replicas != 1:
+        if replicas < 1 or branch_parallel > 1:
+            fail("--replicas must be >= 1, and replicas do not combine with --branch-parallel")
+        try:
+            from ray import serve as _  # noqa: F401
+        except ImportError:
+            fail("--replicas runs on Ray Serve: pip install 'dllm[ray]'")
+        from .replicas import run
+
+        run(settings, replicas=replicas, num_cpus=replica_cpus)
         return
     # Until uvicorn takes over the signals, SIGTERM/SIGINT end start-up through the cleanup below (the
     # engine process and branch-parallel ranks are stopped), never leaving them behind.
