@@ -66,7 +66,7 @@ def generate(
             if overrides["max_new_tokens"] % cfg.block_length:
                 overrides["block_length"] = overrides["max_new_tokens"]
         if branch_parallel > 1:
-            from .branch_parallel import run_branch_parallel
+            from .lopa.branch_parallel import run_branch_parallel
 
             overrides.setdefault("strategy", "lopa")
             results = run_branch_parallel(path, prompts, cfg.replace(**overrides), world_size=branch_parallel,

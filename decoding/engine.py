@@ -40,6 +40,7 @@ def generate(
     *,
     streamer=None,
     tokenizer=None,
+    branch_executor=None,
 ) -> DiffusionGenerateOutput:
     if not torch.is_tensor(input_ids) or input_ids.dim() != 2 or 0 in input_ids.shape \
             or input_ids.dtype not in (torch.int64, torch.int32):
@@ -78,6 +79,7 @@ def generate(
     t0 = time.perf_counter()
     state = DecodeState(input_ids, attention_mask, cfg, mask_id=mask_id, eos_id=eos_id, tokenizer=tokenizer,
                         streamer=streamer)
-    stats = strategy.load()(model, state, gen)
+    extra = {"executor": branch_executor} if strategy.name == "lopa" else {}
+    stats = strategy.load()(model, state, gen, **extra)
     total = time.perf_counter() - t0
     return state.finish(total_seconds=total, forward_seconds=stats.pop("forward_seconds", 0.0), stats=stats)

@@ -57,7 +57,7 @@ STRATEGIES: dict[str, Strategy] = {
                             "cache_delay", "refresh_interval"})),
         Strategy("d2f", "dllm.decoding.loops.pipeline:decode_pipeline", "block_causal",
                  "D2F: pipelined multi-block decoding with an exact block KV cache (tau_add/tau_act/tau_conf)", _D2F),
-        Strategy("lopa", "dllm.decoding.loops.lopa:decode_lopa", "any",
+        Strategy("lopa", "dllm.decoding.lopa:decode_lopa", "any",
                  "LoPA: lopa_branches lookahead branches (+ the anchor) verified in one forward per round, on top "
                  "of d2f (block-causal models) or threshold (bidirectional)",
                  _D2F | _LLADA | {"threshold", "steps", "lopa_branches", "lopa_alpha", "lopa_rho", "lopa_confidence",

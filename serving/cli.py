@@ -96,7 +96,6 @@ def serve(
     from dllm.decoding.config import parse_overrides
     from dllm.errors import CheckpointError
 
-    from .branch import BranchParallelUnavailable
     from .http_protocol import OpenAIErrorProtocol
     from .settings import ServerSettings
 
@@ -137,7 +136,7 @@ def serve(
     try:
         try:
             remote, executor, app = _start(settings)
-        except (BranchParallelUnavailable, CheckpointError, ValueError, OSError, RuntimeError) as err:
+        except (CheckpointError, ValueError, OSError, RuntimeError) as err:
             fail(str(err))
             return
         if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
@@ -162,20 +161,16 @@ def serve(
 
 def _start(settings):
     """Load the model (in the engine process, or here) and build the app: (remote engine, executor, app)."""
+    from dllm.decoding.lopa.branch_parallel import BranchParallelExecutor
     from dllm.loading import resolve_model_path
 
     from .app import create_app
-    from .branch import start_executor
     from .state import ServerState, load_bundle
 
     remote = executor = None
     try:
         if settings.engine_process:
             state = ServerState(settings, None)
-            if settings.branch_parallel > 1:
-                from .branch import executor_class
-
-                executor_class()  # missing executor: say so here, not from inside the engine process
             state.load_remote()  # the engine process loads the model; its errors come back as text
             remote = state.engine
             return remote, None, create_app(settings, tokenizer=state.bundle.tokenizer, engine=remote)
@@ -186,8 +181,9 @@ def _start(settings):
         generate_fn = None
         if settings.branch_parallel > 1:
             # Ranks 1..N-1 are spawned processes with their own replica; this process is rank 0.
-            executor = start_executor(resolve_model_path(settings.model), settings.branch_parallel,
-                                      dtype=settings.dtype, device=settings.device, num_threads=settings.num_threads)
+            executor = BranchParallelExecutor(resolve_model_path(settings.model), world_size=settings.branch_parallel,
+                                              dtype=settings.dtype, device=settings.device,
+                                              num_threads=settings.num_threads)
             generate_fn = executor.generate
         bundle = load_bundle(settings, model=executor.model if executor else None)
         return None, executor, create_app(settings, model=bundle.model, tokenizer=bundle.tokenizer,

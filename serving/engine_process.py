@@ -232,10 +232,10 @@ def engine_main(conn, spec: dict) -> None:
             torch.set_num_threads(int(spec["num_threads"]))
         path = resolve_model_path(spec["model"])
         if spec.get("branch_parallel", 1) > 1:
-            from .branch import start_executor
+            from dllm.decoding.lopa.branch_parallel import BranchParallelExecutor
 
-            executor = start_executor(path, spec["branch_parallel"], dtype=spec.get("dtype"),
-                                      device=spec.get("device"), num_threads=spec.get("num_threads"))
+            executor = BranchParallelExecutor(path, world_size=spec["branch_parallel"], dtype=spec.get("dtype"),
+                                              device=spec.get("device"), num_threads=spec.get("num_threads"))
             model = executor.model
         else:
             model = load_model(path, dtype=spec.get("dtype"), device=spec.get("device"))

@@ -54,6 +54,7 @@ class DiffusionGenerationMixin:
         generation_config=None,
         streamer=None,
         tokenizer=None,
+        branch_executor=None,
         **kwargs: Any,
     ):
         """Decode completions for left-padded prompts.
@@ -65,6 +66,8 @@ class DiffusionGenerationMixin:
         names or transformers' (``do_sample``, ``max_length``, ``num_return_sequences``, ...; see
         :mod:`dllm.generation.hf_compat`). ``max_new_tokens`` may be any size: whole blocks are decoded
         and the answer is cut back. With ``num_return_sequences=n`` row i's answers are rows i*n..i*n+n-1.
+        ``branch_executor``: where strategies with branches (LoPA) evaluate them (a factory with
+        :func:`dllm.decoding.lopa.local_executor`'s signature; default: this process).
         """
         if input_ids is None:
             input_ids = kwargs.pop("inputs", None)
@@ -85,5 +88,6 @@ class DiffusionGenerationMixin:
         if n > 1:
             input_ids = input_ids.repeat_interleave(n, dim=0)
             attention_mask = None if attention_mask is None else attention_mask.repeat_interleave(n, dim=0)
-        out = decode(self, input_ids, attention_mask, cfg, streamer=streamer, tokenizer=tokenizer)
+        out = decode(self, input_ids, attention_mask, cfg, streamer=streamer, tokenizer=tokenizer,
+                     branch_executor=branch_executor)
         return out if cfg.return_dict_in_generate else out.sequences

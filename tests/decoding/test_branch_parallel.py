@@ -7,8 +7,8 @@ The calling process is rank 0.
 import pytest
 import torch
 
-from dllm.decoding import branch_parallel as bp
-from dllm.decoding.branch_parallel import (
+from dllm.decoding.lopa import branch_parallel as bp
+from dllm.decoding.lopa.branch_parallel import (
     BranchParallelExecutor,
     rank_groups,
     run_branch_parallel,

@@ -3,13 +3,8 @@
 import pytest
 import torch
 
-from dllm.decoding.loops import lopa
-from dllm.decoding.loops.lopa import (
-    branch_scores,
-    select_winners,
-    top_lookaheads,
-    use_branch_executor,
-)
+from dllm.decoding import lopa
+from dllm.decoding.lopa import branch_scores, select_winners, top_lookaheads
 from dllm.decoding.sampling import neg_entropy
 from dllm.generation import DiffusionGenerationConfig, GenerationConfigError
 from dllm.testing import EOS, MASK, PAD, tiny_dream, tiny_llada
@@ -206,8 +201,7 @@ def test_tpf_counts_rounds_and_every_round_is_one_forward(bc_model, bi_model, mo
     handle = m.register_forward_hook(lambda *a: calls.append(1))
     spy = _Spy()
     try:
-        with use_branch_executor(spy):
-            out = _gen(m, _prompt(seed=6), strategy="lopa", lopa_branches=3, **extra)
+        out = _gen(m, _prompt(seed=6), strategy="lopa", lopa_branches=3, branch_executor=spy, **extra)
     finally:
         handle.remove()
     rounds = len(out.stats["lopa_winners"][0])
@@ -222,8 +216,7 @@ def test_tpf_counts_rounds_and_every_round_is_one_forward(bc_model, bi_model, mo
 def test_lookahead_branches_are_anchor_plus_one_token(bc_model):
     spy = _Spy()
     ids, mask = _left_pad([_prompt(1, n, seed=n)[0].tolist() for n in (5, 8)])
-    with use_branch_executor(spy):
-        out = _gen(bc_model, ids, attention_mask=mask, strategy="lopa", lopa_branches=4, **PIPE)
+    out = _gen(bc_model, ids, attention_mask=mask, strategy="lopa", lopa_branches=4, branch_executor=spy, **PIPE)
     k1, seen = 5, 0
     for req, res in zip(spy.requests, spy.results):
         S = req.x.shape[0]
@@ -266,8 +259,9 @@ def test_commit_noop_check_fires_when_branch_caches_differ(bc_model):
             inner.run = bad
             return inner
 
-    with use_branch_executor(Corrupt()), pytest.raises(RuntimeError, match="invariant"):
-        _gen(bc_model, _prompt(seed=6), strategy="lopa", lopa_branches=2, max_new_tokens=32, **PIPE)
+    with pytest.raises(RuntimeError, match="invariant"):
+        _gen(bc_model, _prompt(seed=6), strategy="lopa", lopa_branches=2, max_new_tokens=32, branch_executor=Corrupt(),
+             **PIPE)
 
 
 @pytest.mark.parametrize("model_kind,extra", [("bc", PIPE), ("bi", dict(threshold=0.7, cache="dual"))])
@@ -357,8 +351,8 @@ def test_branch_scores_with_negative_entropy_treat_no_masks_as_certain():
 def test_neg_entropy_ranks_lookaheads_and_scores_branches(bc_model, bi_model, model_kind, extra):
     m = bc_model if model_kind == "bc" else bi_model
     spy = _Spy()
-    with use_branch_executor(spy):
-        out = _gen(m, _prompt(seed=6), strategy="lopa", lopa_branches=3, lopa_confidence="neg_entropy", **extra)
+    out = _gen(m, _prompt(seed=6), strategy="lopa", lopa_branches=3, lopa_confidence="neg_entropy",
+               branch_executor=spy, **extra)
     winners = out.stats["lopa_winners"][0]
     assert len(winners) == len(spy.requests) and any(w > 0 for w in winners)
     checked = 0

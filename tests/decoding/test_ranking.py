@@ -11,8 +11,9 @@ import torch
 from dllm import DiffusionGenerationConfig
 from dllm.decoding.config import RANKINGS
 from dllm.decoding.errors import GenerationConfigError
-from dllm.decoding.loops.lopa import RoundResult, _rankings
 from dllm.decoding.loops.pipeline import d2f_fill
+from dllm.decoding.lopa import RoundResult
+from dllm.decoding.lopa.scoring import winner_rankings
 from dllm.decoding.sampling import margin, neg_entropy, ranking_confidence
 from dllm.testing import tiny_dream
 
@@ -102,9 +103,9 @@ def test_an_executor_missing_a_ranking_fails_loudly():
     conf, winners = torch.rand(1, 3, dtype=torch.float64), torch.zeros(1, dtype=torch.long)
     ranked = torch.rand(2, 3, dtype=torch.float64)
     with pytest.raises(GenerationConfigError, match="d2f_confidence='margin'"):
-        _rankings(_result(rank=ranked), cfg, winners, 1, conf, "cpu", cfg.d2f_confidence)
+        winner_rankings(_result(rank=ranked), cfg, winners, 1, conf, "cpu", cfg.d2f_confidence)
     with pytest.raises(GenerationConfigError, match="lopa_confidence='neg_entropy'"):
-        _rankings(_result(), cfg, winners, 1, conf, "cpu", "prob")
-    rank, fill = _rankings(_result(rank=ranked), cfg.replace(d2f_confidence="neg_entropy"), winners, 1, conf, "cpu",
+        winner_rankings(_result(), cfg, winners, 1, conf, "cpu", "prob")
+    rank, fill = winner_rankings(_result(rank=ranked), cfg.replace(d2f_confidence="neg_entropy"), winners, 1, conf, "cpu",
                            "neg_entropy")
     assert fill is rank

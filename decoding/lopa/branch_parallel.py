@@ -2,7 +2,7 @@
 
 Each process (rank) holds a full model replica and owns a contiguous share of the ``k + 1``
 branch groups (``torch.tensor_split`` of ``0..k``; rank 0 always owns the anchor group 0). For
-every live row it keeps the cache rows of those groups (see ``dllm.decoding.loops.lopa`` for the
+every live row it keeps the cache rows of those groups (see ``dllm.decoding.lopa`` for the
 branch-major slot layout). Rank 0 runs the whole LoPA control loop: canvas, block plans, winner
 selection, anchor fill and lookahead spawning. The other ranks only run forwards.
 
@@ -34,7 +34,7 @@ Use:
   (text prompts return ``TextResult`` objects, token ids a ``DiffusionGenerateOutput``).
 * Under ``torchrun``, rank 0 uses ``BranchParallelExecutor.from_process_group(model)``, and the
   other ranks call ``serve_branches(model)``. ``python -m torch.distributed.run
-  --nproc_per_node N -m dllm.decoding.branch_parallel --model PATH --prompt ...`` does both.
+  --nproc_per_node N -m dllm.decoding.lopa.branch_parallel --model PATH --prompt ...`` does both.
 
 Branch parallelism needs greedy decoding (``temperature=0``, ``remasking='low_confidence'``): a
 sampled choice would need one random stream shared by every rank. Ranks beyond ``k + 1`` sit
@@ -58,13 +58,8 @@ import torch
 import torch.distributed as dist
 
 from dllm.decoding.config import DiffusionGenerationConfig, GenerationConfigError
-from dllm.decoding.loops.lopa import (
-    RoundRequest,
-    RoundResult,
-    SlotSettings,
-    SlotWorker,
-    use_branch_executor,
-)
+
+from .slots import RoundRequest, RoundResult, SlotSettings, SlotWorker
 
 
 def rank_groups(num_groups: int, world_size: int) -> list[list[int]]:
@@ -349,14 +344,9 @@ class BranchParallelExecutor:
         if self._closed:
             raise RuntimeError("this BranchParallelExecutor is closed")
         with self._lock:
-            if self._comm is None:
-                return self.model.generate(input_ids, attention_mask=attention_mask,
-                                           generation_config=generation_config, streamer=streamer,
-                                           tokenizer=tokenizer, **overrides)
-            with use_branch_executor(self._factory):
-                return self.model.generate(input_ids, attention_mask=attention_mask,
-                                           generation_config=generation_config, streamer=streamer,
-                                           tokenizer=tokenizer, **overrides)
+            return self.model.generate(input_ids, attention_mask=attention_mask, generation_config=generation_config,
+                                       streamer=streamer, tokenizer=tokenizer,
+                                       branch_executor=None if self._comm is None else self._factory, **overrides)
 
     # -- shutdown -----------------------------------------------------------------------------
     def _kill_workers(self) -> None:
@@ -421,8 +411,8 @@ def run_branch_parallel(model_path, prompts, generation_config: DiffusionGenerat
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``torchrun --nproc_per_node N -m dllm.decoding.branch_parallel --model PATH --prompt TEXT [key=value ...]``."""
-    parser = argparse.ArgumentParser(prog="python -m dllm.decoding.branch_parallel")
+    """``torchrun --nproc_per_node N -m dllm.decoding.lopa.branch_parallel --model PATH --prompt TEXT [key=value ...]``."""
+    parser = argparse.ArgumentParser(prog="python -m dllm.decoding.lopa.branch_parallel")
     parser.add_argument("--model", required=True)
     parser.add_argument("--prompt", action="append", required=True)
     parser.add_argument("--device", default=None)
