@@ -83,6 +83,12 @@ def info(
 
     family = family_of(cfg)
     block_causal = cfg.get("attention_policy", family.attention) == "block_causal"
+    block_size = cfg.get("block_size")
+    try:  # the format's own reading of its config (Fast-dLLM v2 calls its block bd_size)
+        spec = family.config_class.from_dict(cfg).core_spec()
+        block_causal, block_size = spec.attention_policy == "block_causal", spec.block_size
+    except Exception:  # noqa: BLE001 - info describes what it can; loading reports config errors
+        spec = None
     defaults = DiffusionGenerationConfig().to_dict()
     facts = {
         "model": model,
@@ -93,15 +99,21 @@ def info(
         "parameters": parameters,
         "attention": "block_causal" if block_causal else "bidirectional",
         "logits": family.logits,
-        "block_size": cfg.get("block_size") if block_causal else None,
+        "block_size": block_size if block_causal else None,
+        "blocks_from": (getattr(spec, "block_alignment", "prompt") == "position" and "position 0"
+                        or "the prompt end") if block_causal else None,
         "context_length": cfg.get("max_sequence_length") or cfg.get("max_position_embeddings"),
         "vocab_size": cfg.get("vocab_size"),
-        "mask_token_id": (gen.mask_token_id if gen and gen.mask_token_id is not None else cfg.get("mask_token_id")),
-        "eos_token_id": (gen.eos_token_id if gen and gen.eos_token_id is not None else cfg.get("eos_token_id")),
+        "mask_token_id": (gen.mask_token_id if gen and gen.mask_token_id is not None
+                          else cfg.get("mask_token_id", family.mask_token_id)),
+        "eos_token_id": (gen.eos_token_id if gen and gen.eos_token_id is not None
+                         else _json_or_empty(path / "generation_config.json").get("eos_token_id")
+                         or cfg.get("eos_token_id")),
         "chat_template": (path / "chat_template.jinja").exists()
         or "chat_template" in _json_or_empty(path / "tokenizer_config.json"),
         # the canvas shape and strategy, plus what generation_config.json changes from dllm's defaults
-        "generation_defaults": {k: v for k, v in (gen.to_dict() if gen else defaults).items()
+        "generation_defaults": {k: v for k, v in (gen or _family_defaults(family, block_causal, block_size, spec)
+                                                  or DiffusionGenerationConfig()).to_dict().items()
                                 if k in ("strategy", "max_new_tokens", "block_length")
                                 or (v != defaults.get(k) and not k.endswith("_token_id"))},
         "model_card": str(path / "README.md") if (path / "README.md").exists() else None,
@@ -116,6 +128,21 @@ def info(
         elif key == "parameters" and value is not None:
             value = f"{value:,} ({value / 1e6:.2f}M)" if value < 1e9 else f"{value:,} ({value / 1e9:.2f}B)"
         typer.echo(f"{key:<{width}}  {value}")
+
+
+def _family_defaults(family, block_causal: bool, block_size, spec):
+    """What ``model.generate`` uses for a checkpoint without dllm's decoding defaults (the model's
+    ``default_decoding``, read without loading the weights)."""
+    from dllm.decoding.config import DiffusionGenerationConfig
+
+    fields = {"strategy": "d2f" if block_causal else "threshold",
+              **getattr(family.model_class, "family_decoding", {})}
+    if block_causal and getattr(spec, "block_alignment", "prompt") == "position":
+        fields["block_length"] = block_size
+    try:
+        return DiffusionGenerationConfig(**fields)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _json_or_empty(path) -> dict:

@@ -61,3 +61,201 @@ def save_tiny_checkpoint(directory, *, block_causal: bool = False, block_size: i
     if generation_config is not None:
         generation_config.save_pretrained(directory)
     return model, tok
+
+
+# --- tiny mixture-of-experts checkpoints in the published formats -------------------------------------
+# Shapes are tiny; every config key and tensor name is the published checkpoints'. The vocabulary is the
+# bundled tokenizer's, so these checkpoints also decode, serve and train on the task suites.
+MOE_FAMILIES = ("llada2", "llada-moe")
+# keys of the published config.json files that dllm's config classes do not read (kept on save)
+_LLADA2_EXTRA_KEYS = {
+    "auto_map": {"AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig",
+                 "AutoModel": "modeling_llada2_moe.LLaDA2MoeModel",
+                 "AutoModelForCausalLM": "modeling_llada2_moe.LLaDA2MoeModelLM"},
+    "embedding_dropout": 0.0, "attention_dropout": 0.0, "output_dropout": 0.0, "norm_head": False,
+    "max_window_layers": 20, "sliding_window": 4096, "output_router_logits": False, "router_dtype": "fp32",
+    "using_split_qkv_in_self_attention": False,
+}
+_LLADA_MOE_EXTRA_KEYS = {
+    "auto_map": {"AutoConfig": "configuration_lladamoe.LLaDAConfig", "AutoModel": "modeling_lladamoe.LLaDAMoEModelLM",
+                 "AutoModelForCausalLM": "modeling_lladamoe.LLaDAMoEModelLM"},
+    "attention_dropout": 0.0, "output_router_logits": False, "router_aux_loss_coef": 0.01,
+    "router_num_group": None, "router_topk_group": None,
+}
+
+
+def tiny_moe_config(family: str, **overrides):
+    """The config of a tiny ``llada2`` or ``llada-moe`` checkpoint with the bundled tokenizer's ids."""
+    from .modeling import LLaDA2MoeConfig, LLaDAMoEConfig
+
+    ids = {"vocab_size": 402, "mask_token_id": 3, "eos_token_id": 2, "pad_token_id": 0}
+    if family == "llada2":
+        cfg = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=8, partial_rotary_factor=0.5, num_experts=16, n_group=4,
+                   topk_group=2, num_experts_per_tok=4, moe_intermediate_size=16, num_shared_experts=1,
+                   first_k_dense_replace=1, routed_scaling_factor=2.5, rope_theta=600000.0, block_size=8,
+                   max_position_embeddings=512, architectures=["LLaDA2MoeModelLM"], **ids, **_LLADA2_EXTRA_KEYS)
+        cfg.update(overrides)
+        return LLaDA2MoeConfig(**cfg)
+    if family == "llada-moe":
+        cfg = dict(hidden_size=32, dense_intermediate_size=48, expert_intermediate_size=16,
+                   shared_expert_intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
+                   num_key_value_heads=4, num_experts=16, num_experts_per_tok=4, moe_layer_freq=[0, 1, 1],
+                   qk_layernorm=True, moe_router_enable_expert_bias=True, moe_router_score_function="softmax",
+                   norm_topk_prob=False, rope_theta=50000.0, partial_rotary_factor=1.0, max_position_embeddings=512,
+                   architectures=["LLaDAMoEModelLM"], **ids, **_LLADA_MOE_EXTRA_KEYS)
+        cfg.update(overrides)
+        return LLaDAMoEConfig(**cfg)
+    raise ValueError(f"family={family!r}; valid: {', '.join(MOE_FAMILIES)}")
+
+
+def _tiny_moe_value(name: str, shape, gen: torch.Generator, scale: float) -> torch.Tensor:
+    noise = torch.randn(shape, generator=gen)
+    if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+        return 1.0 + 0.1 * noise
+    if name.endswith("expert_bias"):
+        return 0.05 * noise
+    if name.endswith("mlp.gate.weight"):  # decisive routing: tokens should not sit on a tie between experts
+        return noise
+    fan_in = shape[-1] if len(shape) > 1 else 1
+    return scale * noise / fan_in ** 0.5
+
+
+def tiny_moe_model(family: str, seed: int = 0, scale: float = 1.0, **overrides):
+    """A tiny random model of ``family`` whose weights depend only on ``seed`` and ``scale`` (each
+    tensor drawn in sorted-name order, whatever the order the modules are built in)."""
+    from .modeling import LLaDA2MoeModelLM, LLaDAMoEModelLM
+
+    config = tiny_moe_config(family, **overrides)
+    model = (LLaDA2MoeModelLM if family == "llada2" else LLaDAMoEModelLM)(config)
+    gen = torch.Generator().manual_seed(seed)
+    state = {name: _tiny_moe_value(name, t.shape, gen, scale) for name, t in sorted(model.state_dict().items())}
+    if family == "llada2":  # the reference zeroes the padding row at init; keep it that way
+        state["model.word_embeddings.weight"][config.pad_token_id] = 0.0
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def save_tiny_moe_checkpoint(directory, family: str, seed: int = 0, scale: float = 1.0,
+                             max_shard_size: str = "200KB", **overrides):
+    """A tiny ``family`` checkpoint in its published layout (sharded safetensors + index, config.json,
+    the bundled tokenizer) in ``directory``; returns the model."""
+    import json
+    from pathlib import Path
+
+    from .loading import resolve_model_path
+    from .text import load_tokenizer_for
+
+    model = tiny_moe_model(family, seed=seed, scale=scale, **overrides)
+    model.save_pretrained(str(directory), max_shard_size=max_shard_size)
+    load_tokenizer_for(resolve_model_path("tiny")).save_pretrained(str(directory))
+    # a published checkpoint carries no dllm decoding defaults: drop the ones save_pretrained wrote
+    gen = Path(directory) / "generation_config.json"
+    if gen.exists():
+        data = json.loads(gen.read_text())
+        data.pop("dllm", None)
+        gen.write_text(json.dumps(data, indent=2) + "\n")
+    model._diffusion_generation_config = None  # re-derived from the family's defaults
+    return model
+
+
+# --- tiny block-diffusion checkpoints in the published formats (SDAR, Fast-dLLM v2, Dream/DiffuCoder) ---------
+# Every config key is the published checkpoints' (SDAR-4B-Chat, Fast_dLLM_v2_7B, Dream-v0 / DiffuCoder-7B),
+# the shapes are tiny and the vocabulary is the bundled tokenizer's (so they decode, serve and train on the
+# task suites). SDAR gets an explicit head_dim different from hidden_size / heads, as the released sizes have.
+BLOCK_FAMILIES = ("sdar", "fast-dllm-v2", "diffucoder")
+_BUNDLED_IDS = {"vocab_size": 402, "mask_token_id": 3, "eos_token_id": 2, "pad_token_id": 0, "bos_token_id": 2}
+_SDAR_KEYS = {
+    "architectures": ["SDARForCausalLM"], "auto_map": None, "attention_bias": False, "attention_dropout": 0.0,
+    "attn_implementation": "flex_attention", "debug": False, "ep_size": 1, "fuse_cross_entropy": True,
+    "hidden_act": "silu", "initializer_range": 0.02, "max_position_embeddings": 32768, "max_window_layers": 36,
+    "micro_forward": False, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000,
+    "skip_checkpoint": False, "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "use_cache": False, "use_deepep": False, "use_sliding_window": False,
+}
+_FAST_KEYS = {
+    "architectures": ["Fast_dLLM_QwenForCausalLM"],
+    "auto_map": {"AutoConfig": "configuration.Fast_dLLM_QwenConfig", "AutoModel": "modeling.Fast_dLLM_QwenModel",
+                 "AutoModelForCausalLM": "modeling.Fast_dLLM_QwenForCausalLM"},
+    "attention_dropout": 0.0, "conplemenrary_mask": True, "hidden_act": "silu", "initializer_range": 0.02,
+    "max_position_embeddings": 32768, "max_window_layers": 28, "rms_norm_eps": 1e-06, "rope_scaling": None,
+    "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "use_cache": True, "use_sliding_window": False,
+}
+_DREAM_KEYS = {
+    "architectures": ["DreamModel"],
+    "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
+    "attention_dropout": 0.0, "hidden_act": "silu", "initializer_range": 0.02, "max_position_embeddings": 131072,
+    "max_window_layers": 28, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0,
+    "sliding_window": 131072, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+    "use_sliding_window": False,
+}
+
+
+def tiny_block_config(family: str, **overrides):
+    """The config of a tiny ``sdar``, ``fast-dllm-v2`` or ``diffucoder`` (Dream format) checkpoint."""
+    from .modeling import DreamConfig, FastDLLMQwenConfig, SDARConfig
+    from .modeling.sdar import AUTO_MAP
+
+    shape = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2)
+    if family == "sdar":
+        cfg = {**_SDAR_KEYS, "auto_map": AUTO_MAP, **shape, "head_dim": 16, "block_size": 4, **_BUNDLED_IDS}
+        cfg.update(overrides)
+        return SDARConfig(**cfg)
+    if family == "fast-dllm-v2":
+        cfg = {**_FAST_KEYS, **shape, "bd_size": 8, **_BUNDLED_IDS}
+        cfg["layer_types"] = ["full_attention"] * cfg["num_hidden_layers"]
+        cfg.update(overrides)
+        return FastDLLMQwenConfig(**cfg)
+    if family == "diffucoder":
+        cfg = {**_DREAM_KEYS, **shape, **_BUNDLED_IDS}
+        cfg.update(overrides)
+        return DreamConfig(**cfg)
+    raise ValueError(f"family={family!r}; valid: {', '.join(BLOCK_FAMILIES)}")
+
+
+def tiny_block_model(family: str, seed: int = 0, scale: float = 1.0, silent: tuple[int, ...] = (), **overrides):
+    """A tiny random ``family`` model whose weights depend only on ``seed`` and ``scale`` (tensors drawn in
+    sorted-name order). ``silent``: token ids whose LM-head row is zero (never the argmax in practice:
+    reference decoders commit [MASK] or stop at EOS where dllm reads the canvas)."""
+    from .modeling import DreamModel, Fast_dLLM_QwenForCausalLM, SDARForCausalLM
+
+    config = tiny_block_config(family, **overrides)
+    cls = {"sdar": SDARForCausalLM, "fast-dllm-v2": Fast_dLLM_QwenForCausalLM, "diffucoder": DreamModel}[family]
+    model = cls(config)
+    gen = torch.Generator().manual_seed(seed)
+    state = {}
+    for name, t in sorted(model.state_dict().items()):
+        noise = torch.randn(t.shape, generator=gen)
+        if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+            state[name] = 1.0 + 0.1 * noise
+        elif name.endswith(".bias"):
+            state[name] = 0.1 * noise
+        else:
+            state[name] = scale * noise / (t.shape[-1] if t.dim() > 1 else 1) ** 0.5
+    for token in silent:
+        state["lm_head.weight"][token] = 0.0
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def save_tiny_block_checkpoint(directory, family: str, seed: int = 0, scale: float = 1.0, silent=(),
+                               max_shard_size: str = "40KB", **overrides):
+    """A tiny ``family`` checkpoint in its published layout (sharded safetensors + index, config.json,
+    generation_config.json with the published EOS list, the bundled tokenizer) in ``directory``."""
+    import json
+    from pathlib import Path
+
+    from .loading import resolve_model_path
+    from .text import load_tokenizer_for
+
+    model = tiny_block_model(family, seed=seed, scale=scale, silent=silent, **overrides)
+    model.save_pretrained(str(directory), max_shard_size=max_shard_size)
+    eos = model.config.eos_token_id
+    gen = {"bos_token_id": model.config.bos_token_id, "do_sample": True, "eos_token_id": [eos],
+           "pad_token_id": model.config.pad_token_id, "temperature": 0.6, "top_k": 20, "top_p": 0.95,
+           "transformers_version": "4.51.0"}
+    (Path(directory) / "generation_config.json").write_text(json.dumps(gen, indent=4) + "\n")
+    load_tokenizer_for(resolve_model_path("tiny")).save_pretrained(str(directory))
+    return model

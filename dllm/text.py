@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -20,6 +20,7 @@ class TextResult:
     finish_reason: str
     token_ids: list[int]
     step_map: list[int]
+    stats: dict = field(default_factory=dict)  # the strategy's per-row counters (``edit``: edits, blocks)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -101,6 +102,7 @@ def generate_text(
             finish_reason=out.finish_reason[i],
             token_ids=ids,
             step_map=out.step_map[i].tolist(),
+            stats={k: v[i] for k, v in out.stats.items() if isinstance(v, list) and len(v) == len(prompts)},
         ))
     return results
 

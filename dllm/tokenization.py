@@ -153,9 +153,11 @@ def _number_pieces(max_digits: int) -> list[str]:
     return numbers + [SPACE + n for n in numbers]
 
 
-# A Sudoku cell after the first of its row: a single digit after "d " that ends its row within two
-# more cells ("0 0 0 2 / 2 1 4 3"). Other numbers after "d " are numbers ("numbers 3 15 7 target").
-_LATER_CELL = r"(?<=[0-9] )(?=[0-9](?: [0-9](?![0-9])){0,2}(?: /|\s*$))"
+# A Sudoku cell after the first of its row: a single digit after "d " that ends its row within seven
+# more cells ("0 0 0 2 / 2 1 4 3", and the 9-cell rows of sudoku9). Other numbers after "d " are
+# numbers ("numbers 3 15 7 target"). Tokenizers built before 2026-12-05 allowed two more cells (4x4
+# rows only): they pad the second to sixth cell of a 9-cell row.
+_LATER_CELL = r"(?<=[0-9] )(?=[0-9](?: [0-9](?![0-9])){0,7}(?: /|\s*$))"
 
 
 def _number_padder(width: int) -> normalizers.Normalizer:

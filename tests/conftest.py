@@ -39,3 +39,25 @@ def served_tiny_d2f():
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def moe_checkpoints(tmp_path_factory):
+    """The tiny LLaDA2 and LLaDA-MoE checkpoints of tests/fixtures/moe/ (published layouts, built once per run
+    from their recipes, digests checked): ``{"llada2": dir, "llada-moe": dir}``."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from dllm.testing import save_tiny_moe_checkpoint
+
+    spec = json.loads((Path(__file__).parent / "fixtures" / "moe" / "checkpoints.json").read_text())
+    root = tmp_path_factory.mktemp("moe")
+    out = {}
+    for family, entry in spec.items():
+        path = root / family
+        save_tiny_moe_checkpoint(path, **entry["recipe"])
+        got = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(path.glob("*.safetensors"))}
+        assert got == entry["sha256"], f"the {family} checkpoint differs from its recipe's (tests/fixtures/moe)"
+        out[family] = path
+    return out

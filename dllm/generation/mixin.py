@@ -24,9 +24,31 @@ class DiffusionGenerationMixin:
             path = getattr(self.config, "_name_or_path", None)
             loaded = DiffusionGenerationConfig.from_pretrained(path) if path else None
             if loaded is None:
-                loaded = DiffusionGenerationConfig(strategy="d2f" if self.is_block_causal else "threshold")
+                loaded = DiffusionGenerationConfig(**self.default_decoding(path))
             self._diffusion_generation_config = loaded
         return self._diffusion_generation_config
+
+    #: a format's own decoder and settings, for checkpoints whose generation_config.json has no "dllm" key
+    family_decoding: dict = {}  # noqa: RUF012 - a class constant
+
+    def default_decoding(self, path=None) -> dict:
+        """Decoding defaults of a checkpoint without dllm's: the format's own decoder (``family_decoding``:
+        ``sdar`` for SDAR, ``fast_dllm_v2`` for Fast-dLLM v2), else D2F for block-causal models and
+        threshold decoding otherwise; a position-aligned model's block length; the first EOS id that
+        ``generation_config.json`` lists (chat checkpoints list the turn end, ``<|im_end|>``, first)."""
+        import json
+        from pathlib import Path
+
+        fields = {"strategy": "d2f" if self.is_block_causal else "threshold", **self.family_decoding}
+        if self.is_block_causal and getattr(self.spec, "block_alignment", "prompt") == "position":
+            fields["block_length"] = self.spec.block_size
+        try:
+            eos = json.loads((Path(path) / "generation_config.json").read_text()).get("eos_token_id") if path else None
+        except (OSError, ValueError):
+            eos = None
+        if isinstance(eos, list) and eos:
+            fields["eos_token_id"] = int(eos[0])
+        return fields
 
     @diffusion_generation_config.setter
     def diffusion_generation_config(self, cfg: DiffusionGenerationConfig) -> None:
@@ -38,8 +60,28 @@ class DiffusionGenerationMixin:
         (and ``push_to_hub``, which saves through here) decodes as the original did."""
         out = super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
+            self._keep_published_generation_config(save_directory)
             self.diffusion_generation_config.save_pretrained(save_directory)
         return out
+
+    def _keep_published_generation_config(self, save_directory) -> None:
+        """A format with a published layout (SDAR, Fast-dLLM v2) keeps the ``generation_config.json`` keys
+        of the folder it was loaded from (its EOS list, sampling defaults): transformers writes one
+        derived from config.json instead, with a single EOS id."""
+        import json
+        from pathlib import Path
+
+        src = getattr(self.config, "_name_or_path", None)
+        if not getattr(type(self.config), "KEEPS_PUBLISHED_FILES", False) or not src:
+            return
+        src_file, dst_file = Path(src) / "generation_config.json", Path(save_directory) / "generation_config.json"
+        if not src_file.exists() or src_file.resolve() == dst_file.resolve():
+            return
+        try:
+            published = {k: v for k, v in json.loads(src_file.read_text()).items() if k != "dllm"}
+        except ValueError:
+            return
+        dst_file.write_text(json.dumps(published, indent=2, sort_keys=True) + "\n")
 
     def prepare_inputs_for_generation(self, input_ids: torch.Tensor, **kwargs: Any) -> dict:
         """The transformers hook wrappers such as PEFT's causal-LM model expect; a diffusion canvas needs

@@ -336,11 +336,19 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: MaskSpec, ba
 
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                     gqa: bool) -> torch.Tensor:
-    """SDPA's result computed with plain matmuls; the softmax runs in float32 whatever q's dtype."""
+    """SDPA's result computed with plain matmuls; the softmax runs in float32 whatever q's dtype.
+
+    A query that may see no key (a left-padding slot in front of a position-aligned block grid) gets
+    zeros, as from SDPA and FlexAttention, instead of a NaN row whose zero-weighted values would
+    leak into every other row at the next layer.
+    """
     if gqa:
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(scores.float().softmax(-1).to(v.dtype), v)
+    probs = scores.float().softmax(-1)
+    if mask is not None:
+        probs = probs.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+    return torch.matmul(probs.to(v.dtype), v)

@@ -13,6 +13,13 @@ from dataclasses import dataclass
 from transformers import PretrainedConfig
 
 ATTENTION_POLICIES = ("bidirectional", "block_causal")
+# dllm.modeling.families.family_of, set when that module loads (it imports this one, so this one
+# cannot import it): LLaDAConfig.from_dict dispatches other families' "llada" configs through it
+_FAMILY_LOOKUP: list = []
+# Where a block-causal model's block grid starts: "prompt" (dllm's D2F students: the prompt is one
+# bidirectional block, generated blocks start at the prompt end) or "position" (SDAR, Fast-dLLM v2:
+# blocks of block_size from position 0, the prompt included, as those checkpoints are trained).
+BLOCK_ALIGNMENTS = ("prompt", "position")
 
 
 class CheckpointConfigError(ValueError):
@@ -35,6 +42,9 @@ class CoreSpec:
     logit_shift: bool  # Dream: the logit at position i comes from the hidden state at i-1
     attention_policy: str
     block_size: int | None
+    rotary_dim: int | None = None  # dims of each head that RoPE rotates (partial RoPE); None: all head_dim
+    qk_norm: bool = False  # RMSNorm over each head's q and k before RoPE (LLaDA2, LLaDA-MoE)
+    block_alignment: str = "prompt"  # block-causal only; see BLOCK_ALIGNMENTS
 
     def __post_init__(self) -> None:
         if self.attention_policy not in ATTENTION_POLICIES:
@@ -46,6 +56,14 @@ class CoreSpec:
         if self.num_heads % self.num_kv_heads:
             raise CheckpointConfigError(
                 f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+        if self.block_alignment not in BLOCK_ALIGNMENTS:
+            raise CheckpointConfigError(
+                f"block_alignment={self.block_alignment!r}; valid: {', '.join(BLOCK_ALIGNMENTS)}"
+            )
+        if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
+            raise CheckpointConfigError(
+                f"rotary dims {self.rotary_dim} must be even and in (0, head_dim={self.head_dim}]"
             )
 
 
@@ -135,6 +153,19 @@ class LLaDAConfig(PretrainedConfig):
         )
         self.vocab_size = vocab_size
         _check_policy(attention_policy, block_size)
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """A ``config.json`` of another family that also says ``model_type: "llada"`` (LLaDA-MoE) gets
+        that family's config class, chosen by ``architectures[0]``: ``AutoConfig`` and ``AutoModel``
+        then load it as ``dllm.load_model`` does."""
+        if cls is LLaDAConfig and _FAMILY_LOOKUP:
+            architectures = config_dict.get("architectures") or []
+            if architectures and architectures[0] != "LLaDAModelLM":
+                owner = _FAMILY_LOOKUP[0](config_dict).config_class
+                if owner is not cls:
+                    return owner.from_dict(config_dict, **kwargs)
+        return super().from_dict(config_dict, **kwargs)
 
     @property
     def hidden_size(self) -> int:  # lets accelerate/peft helpers that read hidden_size work

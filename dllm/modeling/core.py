@@ -63,7 +63,7 @@ class DiffusionLM(DiffusionGenerationMixin, PreTrainedModel):
     # --- shared ----------------------------------------------------------------------------
     def _setup_core(self) -> None:
         self.spec: CoreSpec = self.config.core_spec()
-        self.rotary = RotaryEmbedding(self.spec.head_dim, self.spec.rope_theta)
+        self.rotary = RotaryEmbedding(self.spec.rotary_dim or self.spec.head_dim, self.spec.rope_theta)
         self.gradient_checkpointing = False
 
     # --- attention backend -----------------------------------------------------------------

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from dllm.errors import CheckpointError
 
-from .configuration import DreamConfig, LLaDAConfig
+from .configuration import _FAMILY_LOOKUP, DreamConfig, LLaDAConfig
 from .core import DreamModel, LLaDAModelLM
 
 
@@ -32,6 +32,10 @@ FAMILIES: list[Family] = [
     Family("LLaDA", "LLaDAModelLM", "llada", LLaDAConfig, LLaDAModelLM, 126336, "bidirectional", "aligned"),
     Family("Dream", "DreamModel", "Dream", DreamConfig, DreamModel, 151666, "bidirectional", "shifted"),
 ]
+
+
+# architectures[0] -> why dllm does not load it yet and what to use instead (a format module fills it in)
+UNSUPPORTED: dict[str, str] = {}
 
 
 def register(family: Family) -> None:
@@ -55,6 +59,11 @@ def family_of(config: dict, where: str = "config.json") -> Family:
     matches = [f for f in FAMILIES if f.model_type == model_type]
     if matches and not architectures:
         return matches[0]  # the first registered family of that model_type (its dense original)
+    if architectures and architectures[0] in UNSUPPORTED:
+        raise CheckpointError(f"{where} has architectures={architectures!r}: {UNSUPPORTED[architectures[0]]}")
     known = ", ".join(f"{f.architecture} ({f.model_type})" for f in FAMILIES)
     said = f"architectures={architectures!r}, model_type={model_type!r}"
     raise CheckpointError(f"{where} has {said}; dllm loads: {known}")
+
+
+_FAMILY_LOOKUP[:] = [family_of]

@@ -62,7 +62,13 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + rotate_half(x) * sin
+    rotary = cos.shape[-1]
+    if rotary == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    # Partial RoPE (LLaDA2: partial_rotary_factor 0.5): the first `rotary` dims of each head rotate
+    # (rotate-half within them), the rest pass through unchanged.
+    rot, rest = x[..., :rotary], x[..., rotary:]
+    return torch.cat((rot * cos + rotate_half(rot) * sin, rest), dim=-1)
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,10 @@ class LayerNames:
     gate: str
     up: str
     down: str
+    qkv: str | None = None  # one fused q/k/v projection (LLaDA2 ``attention.query_key_value``) instead of q, k, v
+    q_norm: str | None = None  # per-head RMSNorm of q and k before RoPE (with spec.qk_norm)
+    k_norm: str | None = None
+    mlp: str | None = None  # where a feed-forward module passed to DecoderLayer lives (a MoE block: ``mlp``)
 
 
 LLADA_LAYER_NAMES = LayerNames(
@@ -129,34 +139,64 @@ class AttentionContext:
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: x + Attn(RMS(x)); x + SwiGLU(RMS(x))."""
+    """Pre-norm block: x + Attn(RMS(x)); x + FFN(RMS(x)).
 
-    def __init__(self, spec: CoreSpec, names: LayerNames, layer_idx: int) -> None:
+    The FFN is a SwiGLU under ``names.gate/up/down``, or the module ``mlp`` (a mixture-of-experts
+    block) attached under ``names.mlp``. q/k/v are three projections, or one fused projection
+    under ``names.qkv`` whose output holds all q heads, then all k heads, then all v heads.
+    """
+
+    def __init__(self, spec: CoreSpec, names: LayerNames, layer_idx: int, mlp: nn.Module | None = None) -> None:
         super().__init__()
         self.names = names
         self.layer_idx = layer_idx
         self.num_heads = spec.num_heads
         self.num_kv_heads = spec.num_kv_heads
         self.head_dim = spec.head_dim
+        self.qk_norm = spec.qk_norm
         d, hd = spec.hidden_size, spec.head_dim
         _attach(self, names.attn_norm, RMSNorm(d, spec.rms_norm_eps))
-        _attach(self, names.q, nn.Linear(d, spec.num_heads * hd, bias=spec.qkv_bias))
-        _attach(self, names.k, nn.Linear(d, spec.num_kv_heads * hd, bias=spec.qkv_bias))
-        _attach(self, names.v, nn.Linear(d, spec.num_kv_heads * hd, bias=spec.qkv_bias))
+        if names.qkv:
+            _attach(self, names.qkv, nn.Linear(d, (spec.num_heads + 2 * spec.num_kv_heads) * hd, bias=spec.qkv_bias))
+        else:
+            _attach(self, names.q, nn.Linear(d, spec.num_heads * hd, bias=spec.qkv_bias))
+            _attach(self, names.k, nn.Linear(d, spec.num_kv_heads * hd, bias=spec.qkv_bias))
+            _attach(self, names.v, nn.Linear(d, spec.num_kv_heads * hd, bias=spec.qkv_bias))
+        if spec.qk_norm:
+            _attach(self, names.q_norm, RMSNorm(hd, spec.rms_norm_eps))
+            _attach(self, names.k_norm, RMSNorm(hd, spec.rms_norm_eps))
         _attach(self, names.o, nn.Linear(spec.num_heads * hd, d, bias=False))
         _attach(self, names.mlp_norm, RMSNorm(d, spec.rms_norm_eps))
-        _attach(self, names.gate, nn.Linear(d, spec.intermediate_size, bias=False))
-        _attach(self, names.up, nn.Linear(d, spec.intermediate_size, bias=False))
-        _attach(self, names.down, nn.Linear(spec.intermediate_size, d, bias=False))
+        if mlp is not None:
+            _attach(self, names.mlp, mlp)
+        else:
+            _attach(self, names.gate, nn.Linear(d, spec.intermediate_size, bias=False))
+            _attach(self, names.up, nn.Linear(d, spec.intermediate_size, bias=False))
+            _attach(self, names.down, nn.Linear(spec.intermediate_size, d, bias=False))
+        self.has_mlp_module = mlp is not None
 
     def _m(self, name: str) -> nn.Module:
         return _lookup(self, getattr(self.names, name))
 
-    def attention(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [b, heads, t, hd], k and v [b, kv_heads, t, hd] (q/k normalised per head when spec.qk_norm)."""
         b, t, _ = x.shape
-        q = self._m("q")(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self._m("k")(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self._m("v")(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if self.names.qkv:
+            fused = self._m("qkv")(x).view(b, t, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+            q, k, v = (part.transpose(1, 2) for part in
+                       fused.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=2))
+        else:
+            q = self._m("q")(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+            k = self._m("k")(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            v = self._m("v")(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if self.qk_norm:
+            q, k = self._m("q_norm")(q), self._m("k_norm")(k)
+        return q, k, v
+
+    # not named `attention`: LLaDA2 checkpoints keep their attention weights under a submodule of that name
+    def self_attention(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self._qkv(x)
         q = apply_rope(q, ctx.cos, ctx.sin)
         k = apply_rope(k, ctx.cos, ctx.sin)
         if ctx.cache is not None:
@@ -166,10 +206,14 @@ class DecoderLayer(nn.Module):
         out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
         return self._m("o")(out)
 
+    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.has_mlp_module:
+            return self._m("mlp")(h)
+        return self._m("down")(F.silu(self._m("gate")(h)) * self._m("up")(h))
+
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        x = x + self.attention(self._m("attn_norm")(x), ctx)
-        h = self._m("mlp_norm")(x)
-        return x + self._m("down")(F.silu(self._m("gate")(h)) * self._m("up")(h))
+        x = x + self.self_attention(self._m("attn_norm")(x), ctx)
+        return x + self.feed_forward(self._m("mlp_norm")(x))
 
 
 def make_context(
@@ -222,10 +266,20 @@ def make_context(
         key_end = max(cache.length, end) if cache_mode == "replace" else end
         if prompt_length is None:
             prompt_length = cache.prompt_length
+    if policy not in ("bidirectional", "block_causal", "block_diffusion"):
+        raise ValueError(f"unknown attention policy {policy!r}; valid: bidirectional, block_causal, block_diffusion")
+    if policy == "block_diffusion":
+        if cache is not None or spec.block_alignment != "position":
+            raise ValueError("attention_policy='block_diffusion' (the [noisy | clean] training forward) needs a "
+                             "position-aligned block-causal model (SDAR, Fast-dLLM v2) and no cache")
+        half = seq_len // 2
+        prompt_length = block_grid_origin(None if key_valid is None else key_valid[:, :half], None, block_size)
+        if attn_backend == "flex" or (attn_backend is None and requested_backend() == "flex"):
+            attn_backend = "sdpa"  # the two-stream mask has a dense form only
+    elif policy == "block_causal" and spec.block_alignment == "position":
+        prompt_length = block_grid_origin(key_valid, prompt_length, block_size)
     if policy == "block_causal" and prompt_length is None:
         raise ValueError("a block-causal model needs prompt_length (the slot where generation starts)")
-    if policy not in ("bidirectional", "block_causal"):
-        raise ValueError(f"unknown attention policy {policy!r}; valid: bidirectional, block_causal")
     spec_ = MaskSpec(
         policy=policy,
         block_size=block_size,
@@ -237,8 +291,32 @@ def make_context(
         device=device,
     )
     backend = resolve_backend(attn_backend or requested_backend(), device, dtype)
+    if policy == "block_diffusion" and backend == "flex":
+        backend = "sdpa"
     if position_ids.dim() == 1:
         position_ids = position_ids[None]
     cos, sin = rope(position_ids, dtype)
     return AttentionContext(cos=cos, sin=sin, mask_spec=spec_, backend=backend, cache=cache, cache_start=start,
                             key_end=key_end)
+
+
+def block_grid_origin(key_valid: torch.Tensor | None, anchor: int | torch.Tensor | None,
+                      block_size: int) -> int | torch.Tensor:
+    """Slot where a position-aligned model's block grid starts, per row (the mask's block origin).
+
+    Without ``anchor`` the grid starts at each row's first valid slot: blocks hold positions
+    ``[kB, (k+1)B)``, the prompt included, as SDAR and Fast-dLLM v2 are trained and as their own
+    decoders run. With ``anchor`` (the slot where generation starts) the grid is moved back by less
+    than a block so that a boundary falls at the anchor: generation starts on a fresh block and the
+    prompt keeps a block-causal grid (positions ``[kB - d, (k+1)B - d)``, ``d = len % B``), which
+    is what the decoders built on a block grid from the prompt end (threshold, d2f, ...) need.
+    """
+    first = 0 if key_valid is None else key_valid.long().argmax(-1)
+    if anchor is None:
+        return first
+    if torch.is_tensor(first) and torch.is_tensor(anchor):
+        anchor = anchor.to(first.device)
+    prompt = anchor - first
+    blocks = (torch.div(prompt + block_size - 1, block_size, rounding_mode="floor") if torch.is_tensor(prompt)
+              else -(-prompt // block_size))
+    return anchor - block_size * blocks

@@ -370,5 +370,6 @@ def test_the_family_is_found_by_architecture_then_model_type():
     assert family_of({"architectures": ["DreamModel"], "model_type": "Dream"}).name == "Dream"
     assert family_of({"model_type": "llada"}).architecture == "LLaDAModelLM"  # no architectures: the model type
     # a known model_type with an unknown architecture is not loaded as the dense family that shares it
-    with pytest.raises(CheckpointError, match="LLaDAMoEModelLM"):
-        family_of({"architectures": ["LLaDAMoEModelLM"], "model_type": "llada"})
+    with pytest.raises(CheckpointError, match="LLaDAMoEModelLM"):  # the message lists what dllm loads
+        family_of({"architectures": ["LLaDAUnknownModelLM"], "model_type": "llada"})
+    assert family_of({"architectures": ["LLaDAMoEModelLM"], "model_type": "llada"}).name == "LLaDA-MoE"
