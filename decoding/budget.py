@@ -38,7 +38,9 @@ class MemoryEstimate:
 
 def branch_factor(cfg) -> int:
     """Canvas rows per prompt row: LoPA verifies ``lopa_branches`` lookahead branches beside the anchor."""
-    return cfg.lopa_branches + 1 if cfg.strategy == "lopa" else 1
+    from .registry import get_strategy
+
+    return get_strategy(cfg.strategy).canvas_rows(cfg)
 
 
 def slot_bytes(model) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 from dllm.validation import number_error
 
 from .errors import GenerationConfigError
-from .registry import strategy_names
+from .registry import get_strategy, strategy_names
 
 CONFIG_NAME = "generation_config.json"
 # Our keys live under this one key of generation_config.json so that transformers' own
@@ -105,11 +105,9 @@ class DiffusionGenerationConfig:
             _positive_int("block_length", self.block_length)
         if self.steps is not None:
             _positive_int("steps", self.steps)
-            if self.strategy == "vanilla" and self.steps % self.num_blocks:
-                raise GenerationConfigError(
-                    f"steps={self.steps} must be a multiple of the number of blocks ({self.num_blocks} = "
-                    f"max_new_tokens / block_length, rounded up)"
-                )
+        strategy = get_strategy(self.strategy)
+        if strategy.validate is not None and (problem := strategy.validate(self)):
+            raise GenerationConfigError(problem)
         for name in ("threshold", "block_add_threshold", "decoded_token_threshold", "skip_threshold",
                      "editing_threshold"):
             _unit_interval(name, getattr(self, name))
@@ -158,8 +156,9 @@ class DiffusionGenerationConfig:
                 raise GenerationConfigError(f"{name}={getattr(self, name)!r}; valid: {', '.join(RANKINGS)}")
         if self.max_steps is not None:
             _positive_int("max_steps", self.max_steps)
-        if self.cfg_scale > 0 and (self.strategy != "vanilla" or self.cache != "none"):
-            raise GenerationConfigError("cfg_scale > 0 is supported by strategy='vanilla' with cache='none' only")
+        if self.cfg_scale > 0 and (not strategy.guidance or self.cache != "none"):
+            guided = ", ".join(n for n in strategy_names() if get_strategy(n).guidance)
+            raise GenerationConfigError(f"cfg_scale > 0 is supported by strategy={guided} with cache='none' only")
 
     # -- derived -------------------------------------------------------------------------
     @property
@@ -174,8 +173,6 @@ class DiffusionGenerationConfig:
 
         Decoders on a position grid (``sdar``, ``fast_dllm_v2``) decode the model's blocks, whose
         first one starts up to a block before the prompt end: they get one more block of slots."""
-        from .registry import get_strategy
-
         extra = self.block_size if get_strategy(self.strategy).grid == "position" else 0
         return self.num_blocks * self.block_size + extra
 
@@ -200,8 +197,9 @@ class DiffusionGenerationConfig:
         if self.max_steps is not None:
             return self.max_steps
         limit = 2 * (max(self.canvas_tokens, self.steps or 0) + self.num_blocks)
-        if self.strategy == "edit":  # up to max_post_steps edit-only forwards per block, one block more
-            limit += (self.num_blocks + 1) * (self.max_post_steps + 1) + 2 * self.block_size
+        extra = get_strategy(self.strategy).extra_forwards
+        if extra is not None:
+            limit += extra(self)
         return limit
 
     # -- overrides and files ----------------------------------------------------------------

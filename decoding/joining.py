@@ -1,8 +1,8 @@
 """Continuous batching: rows that join a running decoding loop.
 
-A :class:`~dllm.decoding.streaming.BatchStreamer` with ``joins_rows = True`` may hand new prompts to a
-running ``generate`` call (``admit_rows``). The loops that support it poll it at their join points
-(with ``joins_rows`` False they run exactly as without a streamer's joins):
+A :class:`~dllm.decoding.decode_session.DecodeSession` created with ``joinable=True`` takes new rows between
+steps (``add_rows``) when its strategy can (``Strategy.joins_rows``); its loop places them at its join
+points (without joining it runs exactly as a plain batch):
 
 * semi-AR (``vanilla``, ``threshold``, ``factor``, Dream's ``entropy``/``margin``/``maskgit_plus``;
   caches ``none``/``prefix``/``dual`` and the exact block cache of block-causal models): at every
@@ -10,7 +10,7 @@ running ``generate`` call (``admit_rows``). The loops that support it poll it at
   its generated blocks coincide with the batch's block grid.
 * D2F pipeline (block-causal models): before every forward. Rows keep their own block grids, so a
   new row's prompt ends where the batch's forward window starts (the oldest uncached slot). With
-  ``BatchStreamer.join_max_spread_blocks`` set, only while the live rows' windows span at most
+  ``join_max_spread_blocks`` set, only while the live rows' windows span at most
   that many blocks from there (:func:`may_join`): rows that are far apart make every forward
   cover the union of their windows.
 
@@ -30,67 +30,42 @@ runs alone. How its prompt's K/V get computed:
 Joining re-lays out the canvas and the cache (a copy, once per join): slots no live row uses any
 more are dropped on the left, so a long-running call does not grow without bound.
 
-Not supported (the streamer is never polled): LoPA, d3LLM, classifier-free guidance.
+Strategies that do not join (LoPA, d3LLM, the position-grid decoders, classifier-free guidance) take new
+rows in a batch of their own, which the server steps in turn with the running ones.
 """
 
 from __future__ import annotations
 
 from dllm.modeling.kv_cache import DiffusionKVCache
 
-SEMI_AR_STRATEGIES = ("vanilla", "threshold", "factor", "entropy", "margin", "maskgit_plus")
 
-
-def supports_joining(model, cfg) -> bool:
-    """Whether ``generate`` with this model and config polls ``BatchStreamer.admit_rows``."""
-    if cfg.cfg_scale > 0:
-        return False
-    if cfg.strategy == "d2f":
-        return bool(model.is_block_causal)
-    return cfg.strategy in SEMI_AR_STRATEGIES
-
-
-def joining_enabled(streamer, model, cfg) -> bool:
-    """Whether a loop runs in joining mode: the streamer admits rows and the strategy supports it."""
-    return streamer is not None and bool(getattr(streamer, "joins_rows", False)) and supports_joining(model, cfg)
-
-
-def may_join(streamer, *, place_at: int, window_end: int, live: int, block: int) -> bool:
-    """Whether a D2F call polls for new rows now (see ``BatchStreamer.join_max_spread_blocks``).
+def may_join(state, *, place_at: int, window_end: int, block: int) -> bool:
+    """Whether a D2F call places waiting rows now (see ``DecodeSession(join_max_spread_blocks=...)``).
 
     ``place_at`` is where a new prompt would end (the slowest live row's first uncached slot) and
     ``window_end`` the furthest live row's end: every forward after the join spans at least that
     range, for every row, until the rows ahead finish.
     """
-    bound = getattr(streamer, "join_max_spread_blocks", None)
-    return live == 0 or bound is None or window_end - place_at <= bound * block
+    bound = state.join_max_spread_blocks
+    return state.live == 0 or bound is None or window_end - place_at <= bound * block
 
 
 def poll(state, *, place_at: int, runner, cache: DiffusionKVCache | None):
-    """Ask the streamer for new rows; add them with their prompts ending at slot ``place_at``.
+    """Place the rows waiting in ``state.incoming`` with their prompts ending at slot ``place_at``.
 
     Returns ``(number of new rows, slot shift, cache)``: every slot index the caller holds moves by
     ``-shift``; the runner is updated in place and the cache is replaced (rows and slots re-laid
     out). ``(0, 0, cache)`` when nothing joined.
     """
-    streamer = state.batch_streamer
-    if streamer is None:
+    if not state.incoming:
         return 0, 0, cache
-    prompts = streamer.admit_rows(state.num_rows, state.live)
-    if not prompts:
-        return 0, 0, cache
-    prompts = [[int(t) for t in p] for p in prompts]
-    for p in prompts:
-        if not p:
-            raise ValueError("admit_rows returned an empty prompt")
-        if state.mask_id in p:
-            raise ValueError(f"an admitted prompt contains the mask token id {state.mask_id}")
     old_live = state.live
-    shift = state.admit(prompts, place_at)
+    joined, shift = state.admit(place_at)
     runner.key_valid = state.key_valid
     runner.prompt_length = state.gstart.clone()
     if cache is not None:
         cache = relayout_cache(cache, state, shift, old_live)
-    return len(prompts), shift, cache
+    return joined, shift, cache
 
 
 def relayout_cache(cache: DiffusionKVCache, state, shift: int, old_rows: int) -> DiffusionKVCache:

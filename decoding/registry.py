@@ -1,11 +1,24 @@
-"""The strategy registry: name -> loop, and which models each strategy can run on."""
+"""The strategy registry: each decoding strategy is a :class:`Strategy` record holding its loop, its commit
+policy and what it can do. Code that depends on a strategy asks the record (``strategy.joins_rows``,
+``strategy.branches``, ...), never its name.
+
+The built-in strategies are registered by :mod:`dllm.decoding.strategies` when ``dllm.decoding`` is imported;
+:func:`register_strategy` adds one from outside the package (a loop and policy of your own, or a new policy
+on a built-in loop)::
+
+    from dllm.decoding.registry import Strategy, register_strategy
+    from dllm.decoding.loops.semi_ar import decode_semi_ar
+
+    register_strategy(Strategy("top2", decode_semi_ar, "two tokens per step", policy=TopTwo, joins_rows=True))
+    model.generate(ids, strategy="top2")
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .errors import GenerationConfigError, StrategyError
+from .errors import StrategyError
 
 # Options every strategy reads: the canvas, sampling, stopping and ids.
 COMMON_OPTIONS = frozenset({
@@ -13,57 +26,69 @@ COMMON_OPTIONS = frozenset({
     "stop_at_eos", "min_tokens", "ignore_eos", "stop_strings", "seed", "max_steps", "mask_token_id", "eos_token_id",
     "pad_token_id", "return_dict_in_generate",
 })
-_CACHED = frozenset({"cache", "refresh_interval", "dual_cache_step_bound"})
-_LLADA = frozenset({"remasking"}) | _CACHED
-_D2F = frozenset({"block_add_threshold", "decoded_token_threshold", "skip_threshold", "d2f_confidence"})
 
 
 @dataclass(frozen=True)
 class Strategy:
+    """A decoding strategy: what runs and what it can do.
+
+    ``loop`` is a generator function ``loop(model, state, generator, **resources)`` that yields once
+    after every forward (a :class:`~dllm.decoding.decode_session.DecodeSession` step) and returns its stats
+    dict; ``policy`` is the commit policy class a shared loop builds once per call (the semi-AR loop's
+    quota, threshold, factor and Dream rules: :mod:`dllm.decoding.commit`).
+    """
+
     name: str
-    loop: str  # "module:function", imported on use so the registry stays import-light
-    requires: str  # "any" | "block_causal"
+    loop: Callable
     summary: str
     options: frozenset[str] = frozenset()  # the options it reads besides COMMON_OPTIONS
+    policy: type | None = None
+    # -- capabilities ------------------------------------------------------------------------------
+    requires_block_causal: bool = False
+    # "prompt": blocks from the prompt end (any model); "position": the model's own blocks from
+    # position 0 (position-aligned block-causal models: SDAR, Fast-dLLM v2, LLaDA2)
+    grid: str = "prompt"
+    shifted_logits: bool = False  # needs a model whose token i is read at position i - 1 (Fast-dLLM v2)
+    joins_rows: bool = False  # rows may be added to a running batch (continuous batching)
+    exact_replay: bool = False  # GRPO's trajectory estimator can replay its decoding steps exactly
+    branches: bool = False  # evaluates lookahead branches (LoPA): a row costs lopa_branches + 1 canvas rows
+    guidance: bool = False  # classifier-free guidance (cfg_scale > 0, without a cache)
+    threshold_option: str | None = "threshold"  # its probability threshold, if it has one (GRPO's rollout.threshold)
+    row_options: frozenset[str] = frozenset()  # options that may differ between the rows of one batch
+    # Strategy-specific checks: ``validate(cfg)`` returns a problem with the config alone (checked when
+    # a DiffusionGenerationConfig is built), ``check(model, cfg)`` raises before any forward.
+    validate: Callable | None = None
+    check: Callable | None = None
+    extra_forwards: Callable | None = None  # forwards beyond one per token a row may need (step_limit)
 
     def reads(self, option: str) -> bool:
         """Whether this strategy's decoding depends on ``option`` (a sweep over one it ignores is moot)."""
         return option in COMMON_OPTIONS or option in self.options
 
-    def load(self) -> Callable:
-        import importlib
-
-        module, fn = self.loop.split(":")
-        return getattr(importlib.import_module(module), fn)
+    def canvas_rows(self, cfg) -> int:
+        """Canvas rows one answer occupies (LoPA: the anchor and its lookahead branches)."""
+        return cfg.lopa_branches + 1 if self.branches else 1
 
 
-_SEMI_AR = "dllm.decoding.loops.semi_ar:decode_semi_ar"
-STRATEGIES: dict[str, Strategy] = {
-    s.name: s
-    for s in [
-        Strategy("vanilla", _SEMI_AR, "any", "LLaDA semi-AR decoding: a fixed per-block token quota over `steps`",
-                 _LLADA | {"steps", "cfg_scale"}),
-        Strategy("threshold", _SEMI_AR, "any", "Fast-dLLM: commit every masked token with confidence >= threshold (+ the best)",
-                 _LLADA | {"threshold"}),
-        Strategy("factor", _SEMI_AR, "any", "Fast-dLLM factor rule: accept the k best while c_k >= 1 - factor/(k+1)",
-                 _LLADA | {"factor"}),
-        *(Strategy(name, _SEMI_AR, "any", f"Dream: timestep schedule, positions ranked by {rank}",
-                   _CACHED | {"steps", "eps", "alg_temp"})
-          for name, rank in (("entropy", "negative entropy"), ("margin", "top1 - top2 probability"),
-                             ("maskgit_plus", "max probability"))),
-        Strategy("d3llm", "dllm.decoding.loops.pipeline:decode_pipeline", "any",
-                 "d3LLM: pipelined multi-block decoding, commit tokens with entropy <= entropy_threshold",
-                 frozenset({"entropy_threshold", "block_add_threshold", "decoded_token_threshold", "cache",
-                            "cache_delay", "refresh_interval"})),
-        Strategy("d2f", "dllm.decoding.loops.pipeline:decode_pipeline", "block_causal",
-                 "D2F: pipelined multi-block decoding with an exact block KV cache (tau_add/tau_act/tau_conf)", _D2F),
-        Strategy("lopa", "dllm.decoding.lopa:decode_lopa", "any",
-                 "LoPA: lopa_branches lookahead branches (+ the anchor) verified in one forward per round, on top "
-                 "of d2f (block-causal models) or threshold (bidirectional)",
-                 _D2F | _LLADA | {"threshold", "steps", "lopa_branches", "lopa_alpha", "lopa_rho", "lopa_confidence",
-                                  "lopa_force_anchor"}),
-    ]
-}
+STRATEGIES: dict[str, Strategy] = {}
+
+
+def register_strategy(strategy: Strategy, *, replace: bool = False) -> Strategy:
+    """Add ``strategy`` to the registry (``replace=True`` to redefine a name)."""
+    if not isinstance(strategy, Strategy):
+        raise TypeError(f"register_strategy takes a Strategy, got {type(strategy).__name__}")
+    if strategy.name in STRATEGIES and not replace:
+        raise StrategyError(f"strategy {strategy.name!r} is already registered; pass replace=True to redefine it")
+    if strategy.grid not in ("prompt", "position"):
+        raise StrategyError(f"strategy {strategy.name!r}: grid must be 'prompt' or 'position', got {strategy.grid!r}")
+    if not callable(strategy.loop):
+        raise StrategyError(f"strategy {strategy.name!r}: loop must be a callable")
+    STRATEGIES[strategy.name] = strategy
+    return strategy
+
+
+def unregister_strategy(name: str) -> None:
+    STRATEGIES.pop(name, None)
 
 
 def strategy_names() -> list[str]:
@@ -76,16 +101,34 @@ def get_strategy(name: str) -> Strategy:
     return STRATEGIES[name]
 
 
+def _spec(model):
+    """The model's CoreSpec (a loaded model's, or its config's: the server checks requests without the weights)."""
+    spec = getattr(model, "spec", None)
+    if spec is None and hasattr(getattr(model, "config", None), "core_spec"):
+        spec = model.config.core_spec()
+    return spec
+
+
 def check_compatible(strategy: Strategy, model, cfg=None) -> None:
     """Fail before any forward if the strategy cannot run on this model with these settings."""
-    if strategy.requires == "block_causal" and not model.is_block_causal:
+    if strategy.requires_block_causal and not model.is_block_causal:
         raise StrategyError(
             f"strategy {strategy.name!r} needs a block-causal model (config attention_policy='block_causal', "
             "e.g. --model tiny-d2f); this model is bidirectional. Use 'threshold' with cache='dual', or load "
             "the checkpoint with attention_policy='block_causal' and block_size=N"
         )
-    if cfg is not None and strategy.name == "lopa" and not model.is_block_causal and cfg.refresh_interval:
-        raise GenerationConfigError(
-            "strategy='lopa' on a bidirectional model does not support refresh_interval: a refresh in the middle of "
-            "a block would bake one branch's lookahead token into every slot's cache"
+    spec = _spec(model)
+    if strategy.grid == "position" and getattr(spec, "block_alignment", "prompt") != "position":
+        raise StrategyError(
+            f"strategy {strategy.name!r} decodes the blocks a checkpoint was trained on, counted from position 0 "
+            "(SDAR, TraDo, LightningRL, Fast-dLLM v2); this model's blocks start at the prompt end (a D2F "
+            "student). Use 'd2f' or 'threshold'"
         )
+    if strategy.shifted_logits and not getattr(spec, "logit_shift", False):
+        raise StrategyError(
+            f"strategy {strategy.name!r} reads the next block's first token from the last position of the "
+            "finished block, which needs a model with shifted logits (Fast-dLLM v2); this model's logits are "
+            "aligned. Use 'sdar' or 'threshold'"
+        )
+    if cfg is not None and strategy.check is not None:
+        strategy.check(model, cfg)

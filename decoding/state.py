@@ -1,40 +1,32 @@
-"""The canvas of a batch being decoded, its bookkeeping, stopping, and the output object.
+"""The canvas of a batch being decoded: its rows, their committed tokens and forward counts.
 
-Slots ``[0, P)`` hold the (left-padded) prompts, ``[P, P+G)`` the generated region. Rows that
-finish (EOS with everything before it filled, or a stop string) leave the batch so they stop
-costing compute; their results are written to the output buffers at once.
+Slots ``[0, P)`` hold the (left-padded) prompts, ``[P, P+G)`` the generated region. After every commit
+the rows' final prefixes go to the streamers and to :class:`~dllm.decoding.stopping.Stopping`; rows that
+finish (EOS with everything before it filled, ``max_new_tokens``, a stop string or criterion, a cancel)
+leave the batch at :meth:`DecodeState.pop_finished`, so they stop costing compute, and their results go to
+:class:`~dllm.decoding.output.Outputs` at once.
 
-Rows may also *join* a running batch (continuous batching, :meth:`DecodeState.admit`, driven by
-``BatchStreamer.admit_rows`` in the loops that support it). From the first join on, every row has
-its own generated region ``[gstart[r], gstart[r] + G)`` of a canvas that grows to the right (and
-is trimmed on the left when no live row uses the leading slots); its prompt sits right before
-``gstart[r]`` and every slot outside ``[prompt start, gstart[r] + G)`` is invalid for it
-(``key_valid`` False), so RoPE positions and attention are those of the row run alone. A joined
-row gets the next row index (``batch``, ``batch + 1``, ...) and its result is part of the output.
+Rows may also *join* a running batch (continuous batching): :meth:`DecodeState.add_incoming` queues
+prompts (``DecodeSession.add_rows``) and a loop that supports it places them at its join points
+(:func:`dllm.decoding.joining.poll` -> :meth:`admit`). From the first join on, every row has its own
+generated region ``[gstart[r], gstart[r] + G)`` of a canvas that grows to the right (and is trimmed on
+the left when no live row uses the leading slots); its prompt sits right before ``gstart[r]`` and every
+slot outside ``[prompt start, gstart[r] + G)`` is invalid for it (``key_valid`` False), so RoPE positions
+and attention are those of the row run alone. A joined row gets the next row index (``batch``,
+``batch + 1``, ...) and its result is part of the output.
+
+Options that may differ per row (``Strategy.row_options``, e.g. ``threshold``) live in ``row_values``,
+one value per live row; :meth:`option` returns the per-row column or the config's value.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-from dllm.decoding.config import DiffusionGenerationConfig
+from .output import DiffusionGenerateOutput, Outputs
+from .stopping import Stopping
 
-
-@dataclass
-class DiffusionGenerateOutput:
-    sequences: torch.Tensor  # [batch, P + G]: prompt + completion (tail after EOS filled with EOS)
-    num_forwards: torch.Tensor  # [batch] forwards this row took part in (a LoPA round counts once)
-    generated_tokens: torch.Tensor  # [batch] tokens up to and including the first EOS
-    tpf: torch.Tensor  # [batch] generated_tokens / num_forwards
-    step_map: torch.Tensor  # [batch, G]: the row's forward (1-based) that committed each slot; -1 never
-    finish_reason: list[str]  # "stop" (EOS / stop string), "length", "step_limit" (max_steps), "cancelled"
-    timings: dict = field(default_factory=dict)  # total_seconds, forward_seconds
-    stats: dict = field(default_factory=dict)  # strategy-specific counters (e.g. LoPA winners)
-
-    def __getitem__(self, key: str):
-        return getattr(self, key)
+__all__ = ["DecodeState", "DiffusionGenerateOutput"]
 
 
 class DecodeState:
@@ -42,12 +34,15 @@ class DecodeState:
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        cfg: DiffusionGenerationConfig,
+        cfg,
         *,
         mask_id: int,
         eos_id: int | None,
         tokenizer=None,
         streamer=None,
+        strategy=None,
+        criteria=(),
+        row_values: dict[str, torch.Tensor] | None = None,
     ) -> None:
         b, p = input_ids.shape
         g = cfg.canvas_tokens  # whole blocks; the answer is the first ``limit`` slots of it
@@ -56,6 +51,7 @@ class DecodeState:
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         self.cfg = cfg
+        self.strategy = strategy
         self.P, self.G = p, g
         self.mask_id, self.eos_id = mask_id, eos_id
         self.tokenizer = tokenizer
@@ -65,24 +61,26 @@ class DecodeState:
         self.nfe = torch.zeros(b, dtype=torch.long, device=dev)
         self.forward_calls = 0  # count_forward calls: an upper bound of every row's nfe, known on the host
         self.step_map = torch.full((b, g), -1, dtype=torch.long, device=dev)
-        from dllm.decoding.streaming import BatchStreamer
+        self.row_values = {k: torch.as_tensor(v, device=dev).reshape(b) for k, v in (row_values or {}).items()}
+        from .streaming import BatchStreamer
 
         self.batch_streamer = streamer if isinstance(streamer, BatchStreamer) else None
         self.streamer = None if self.batch_streamer is not None else streamer
         self.streamed = torch.zeros(b, dtype=torch.long, device=dev)  # tokens already streamed, per live row
+        self.stopping = Stopping(cfg, limit=self.limit, eos_id=eos_id, tokenizer=tokenizer, criteria=criteria)
         self.pending_done: torch.Tensor | None = None
         self.cancelled: torch.Tensor | None = None
-        self._stop_checked = torch.zeros(b, dtype=torch.long, device=dev)
-        # outputs, indexed by original row
-        self.out_x = self.x.clone()
-        self.out_nfe = torch.zeros(b, dtype=torch.long, device=dev)
-        self.out_step_map = self.step_map.clone()
-        self.finish_reason = ["length"] * b
-        # continuous batching (see admit): per-row generation start, joined rows' prompts and results
+        # Per live row, how many leading generated slots are final (None: every committed token is).
+        # Token editing may still change committed tokens of the current block (see set_final).
+        self.final_len: torch.Tensor | None = None
+        self.outputs = Outputs(self.x, self.step_map, prompt_length=p, limit=self.limit, eos_id=eos_id,
+                               mask_id=mask_id, fill_id=self.fill_id)
+        # continuous batching (see admit): whether this call's loop takes new rows, and those waiting
+        self.joining = False
+        self.join_max_spread_blocks: float | None = None
+        self.incoming: list[tuple[list[int], dict]] = []
         self.gstart: torch.Tensor | None = None
         self.num_rows = b  # rows so far, joined ones included (the next joined row gets this index)
-        self.joined_prompts: dict[int, list[int]] = {}
-        self.joined_gen: dict[int, torch.Tensor] = {}
         if self.streamer is not None:
             if b != 1:
                 raise ValueError("a streamer needs batch size 1 (as in transformers)")
@@ -95,6 +93,11 @@ class DecodeState:
 
     def masked(self, start: int, end: int) -> torch.Tensor:
         return self.x[:, start:end] == self.mask_id
+
+    def option(self, name: str):
+        """``name``'s value: a [live, 1] column where rows have their own values, else the config's."""
+        values = self.row_values.get(name)
+        return getattr(self.cfg, name) if values is None else values[:, None]
 
     # -- updates -------------------------------------------------------------------------
     def count_forward(self, rows: torch.Tensor | None = None) -> None:
@@ -112,13 +115,31 @@ class DecodeState:
             hit = transfer & (gi >= 0) & (gi < self.G)
             r, c = hit.nonzero(as_tuple=True)
             self.step_map[r, gi[r, c]] = self.nfe[r]
-            self._after_commit()
-            return
-        skip = max(0, self.P - start)  # a span may begin inside the prompt (D2F's first forward)
-        g0, g1 = start + skip - self.P, end - self.P
-        sm = self.step_map[:, g0:g1]
-        self.step_map[:, g0:g1] = torch.where(transfer[:, skip:], self.nfe[:, None].expand_as(sm), sm)
+        else:
+            skip = max(0, self.P - start)  # a span may begin inside the prompt (D2F's first forward)
+            g0, g1 = start + skip - self.P, end - self.P
+            sm = self.step_map[:, g0:g1]
+            self.step_map[:, g0:g1] = torch.where(transfer[:, skip:], self.nfe[:, None].expand_as(sm), sm)
         self._after_commit()
+
+    def set_final(self, final_len: torch.Tensor) -> None:
+        """Per live row, the number of leading generated slots that are final, for a strategy that may
+        still change committed tokens (token editing changes them inside the current block). Stopping
+        (EOS, stop strings, ``max_new_tokens``) and streaming then only look at final slots."""
+        self.final_len = final_len
+        self._after_commit()
+
+    def extend_canvas(self, slots: int) -> None:
+        """Append ``slots`` masked slots to every row, before anything is committed: a strategy whose
+        blocks do not start at the first generated slot needs the canvas to reach its last block's end."""
+        if slots <= 0:
+            return
+        b, dev = self.x.shape[0], self.x.device
+        self.x = torch.cat([self.x, torch.full((b, slots), self.mask_id, dtype=self.x.dtype, device=dev)], 1)
+        self.key_valid = torch.cat([self.key_valid, torch.ones(b, slots, dtype=torch.bool, device=dev)], 1)
+        self.step_map = torch.cat([self.step_map, torch.full((b, slots), -1, dtype=torch.long, device=dev)], 1)
+        self.outputs.widen(self.x, self.step_map)
+        self.G += slots
 
     def _gen(self) -> torch.Tensor:
         """The generated region of every live row [live, G]."""
@@ -133,31 +154,26 @@ class DecodeState:
         gen = self._gen()
         filled = gen != self.mask_id
         prefix_len = torch.where(filled.all(-1), self.G, (~filled).long().argmax(-1))  # contiguous committed prefix
-        done = torch.zeros(self.live, dtype=torch.bool, device=self.x.device)
-        if self.limit < self.G:  # the slots past max_new_tokens only round the canvas up to whole blocks
-            done |= prefix_len >= self.limit
-        if self.eos_id is not None and self.cfg.stop_at_eos:
-            is_eos = gen == self.eos_id
-            has = is_eos.any(-1)
-            first = is_eos.long().argmax(-1)
-            eos_done = has & (prefix_len > first)
-            done |= eos_done
-        if self.cfg.stop_strings and self.tokenizer is not None:
-            for r in range(self.live):
-                if done[r] or prefix_len[r] == self._stop_checked[r]:
-                    continue
-                self._stop_checked[r] = prefix_len[r]
-                text = self.tokenizer.decode(gen[r, : int(prefix_len[r])].tolist(), skip_special_tokens=True)
-                if any(s in text for s in self.cfg.stop_strings):
-                    done[r] = True
+        if self.final_len is not None:
+            prefix_len = torch.minimum(prefix_len, self.final_len)
         if self.streamer is not None or self.batch_streamer is not None:
-            self._stream(prefix_len)
-        if self.batch_streamer is not None:
-            cancelled = self.batch_streamer.cancelled_rows()
-            if cancelled:
-                self.cancelled = torch.tensor([int(r) in cancelled for r in self.rows], device=self.x.device)
-                done |= self.cancelled
-        self.pending_done = done
+            self._stream(gen, prefix_len)
+        self.pending_done, self.cancelled = self.stopping.check(gen, prefix_len, self.rows)
+
+    def _stream(self, gen: torch.Tensor, prefix_len: torch.Tensor) -> None:
+        for r in range(self.live):
+            end = min(int(prefix_len[r]), self.limit)
+            if self.eos_id is not None:
+                eos = (gen[r, :end] == self.eos_id).nonzero()
+                if len(eos):
+                    end = int(eos[0])
+            start = int(self.streamed[r])
+            if end > start:
+                if self.streamer is not None:
+                    self.streamer.put(gen[r, start:end].cpu())
+                else:
+                    self.batch_streamer.put_row(int(self.rows[r]), gen[r, start:end].tolist())
+                self.streamed[r] = end
 
     def pop_finished(self) -> torch.Tensor | None:
         """Retire rows that finished at the last commit, and stuck rows (see :meth:`stuck`).
@@ -191,71 +207,39 @@ class DecodeState:
             return torch.zeros(self.live, dtype=torch.bool, device=self.x.device)
         return (self.nfe >= cap) & (self._gen() == self.mask_id).any(-1)
 
-    def _stream(self, prefix_len: torch.Tensor) -> None:
-        for r in range(self.live):
-            end = min(int(prefix_len[r]), self.limit)
-            g0 = self._gen_start(r)
-            gen = self.x[r, g0 : g0 + self.G]
-            if self.eos_id is not None:
-                eos = (gen[:end] == self.eos_id).nonzero()
-                if len(eos):
-                    end = int(eos[0])
-            start = int(self.streamed[r])
-            if end > start:
-                if self.streamer is not None:
-                    self.streamer.put(gen[start:end].cpu())
-                else:
-                    self.batch_streamer.put_row(int(self.rows[r]), gen[start:end].tolist())
-                self.streamed[r] = end
-
     def retire(self, done: torch.Tensor, reason: str) -> torch.Tensor:
         """Move finished rows to the outputs; returns the kept local indices (for caches etc.)."""
         idx = done.nonzero().flatten()
+        gone = []
         for r in idx.tolist():
             orig = int(self.rows[r])
-            row = self.x[r].clone()
-            g0 = self._gen_start(r)
-            gen = row[g0 : g0 + self.G]
-            if reason == "stop" and self.eos_id is not None:
-                eos = (gen == self.eos_id).nonzero()
-                if len(eos):
-                    gen[int(eos[0]):] = self.eos_id
-                elif self.cfg.stop_strings:  # stopped by a string: nothing after the committed prefix
-                    masked = (gen == self.mask_id).nonzero()
-                    if len(masked):
-                        gen[int(masked[0]):] = self.eos_id
-            row_reason = reason
-            ended = gen[: self.limit]  # the answer; slots past it only round the canvas up to whole blocks
-            if reason == "length" and self.eos_id is not None and bool((ended == self.eos_id).any()):
-                row_reason = "stop"  # ran to the end of its budget, but the text did end with EOS
-            elif reason == "stop" and self.limit < self.G and not (
-                    self.eos_id is not None and bool((ended == self.eos_id).any())):
-                row_reason = "length"  # filled its max_new_tokens slots, or ended only past them
-            gen[gen == self.mask_id] = self.eos_id if self.eos_id is not None else self.mask_id
-            if self.gstart is None:
-                self.out_x[orig] = row
-            elif orig < self.out_x.shape[0]:
-                self.out_x[orig, self.P:] = gen
-            else:
-                self.joined_gen[orig] = gen.clone()
-            self.out_nfe[orig] = self.nfe[r]
-            self.out_step_map[orig] = self.step_map[r]
-            self.finish_reason[orig] = row_reason
+            row_reason = self.outputs.store(orig, self.x[r].clone(), self._gen_start(r), self.nfe[r], self.step_map[r],
+                                            reason, own_regions=self.gstart is not None)
+            gone.append(orig)
             if self.batch_streamer is not None:
                 self.batch_streamer.end_row(orig, row_reason, num_forwards=int(self.nfe[r]))
+        self.stopping.forget(gone)
         keep = (~done).nonzero().flatten()
         self.x = self.x[keep]
         self.key_valid = self.key_valid[keep]
         self.rows = self.rows[keep]
         self.nfe = self.nfe[keep]
         self.step_map = self.step_map[keep]
-        self._stop_checked = self._stop_checked[keep]
         self.streamed = self.streamed[keep]
+        self.row_values = {k: v[keep] for k, v in self.row_values.items()}
         if self.gstart is not None:
             self.gstart = self.gstart[keep]
+        if self.final_len is not None:
+            self.final_len = self.final_len[keep]
         return keep
 
     # -- continuous batching -------------------------------------------------------------
+    def add_incoming(self, prompts: list[list[int]], values: dict | None = None) -> range:
+        """Queue rows for the loop's next join point; returns their row indices."""
+        first = self.num_rows + len(self.incoming)
+        self.incoming += [(list(p), dict(values or {})) for p in prompts]
+        return range(first, first + len(prompts))
+
     def row_spans(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Per live row: its first valid slot and the end of its generated region."""
         first = self.key_valid.long().argmax(-1)
@@ -270,14 +254,18 @@ class DecodeState:
                 return int(tok)
         return 0 if self.mask_id != 0 else 1
 
-    def admit(self, prompts: list[list[int]], place_at: int) -> int:
-        """Add rows whose prompts end at slot ``place_at`` (their generated regions start there).
+    def admit(self, place_at: int) -> tuple[int, int]:
+        """Place the incoming rows with prompts ending at slot ``place_at`` (their generated regions start there).
 
         The canvas is re-laid out to cover exactly the live rows' spans: slots no live row uses are
         dropped on the left, invalid slots are added where a new prompt or region needs them.
-        Returns the shift ``d`` of the slot numbering: old slot ``s`` is now ``s - d`` (callers move
-        their slot indices, caches and plans by it). New rows start with no forwards counted.
+        Returns ``(rows added, shift d)``: old slot ``s`` is now ``s - d`` (callers move their slot
+        indices, caches and plans by it). New rows start with no forwards counted.
         """
+        incoming, self.incoming = self.incoming, []
+        if not incoming:
+            return 0, 0
+        prompts = [p for p, _ in incoming]
         dev = self.x.device
         n, g = len(prompts), self.G
         lengths = [len(p) for p in prompts]
@@ -292,66 +280,31 @@ class DecodeState:
         x = torch.full((self.live + n, new_w), self.fill_id, dtype=self.x.dtype, device=dev)
         kv = torch.zeros((self.live + n, new_w), dtype=torch.bool, device=dev)
         lo, hi = max(left, 0), min(right, width)  # the old slots kept
-        x[: self.live, lo - left : hi - left] = self.x[:, lo:hi]
-        kv[: self.live, lo - left : hi - left] = self.key_valid[:, lo:hi]
+        x[: self.live, lo - left: hi - left] = self.x[:, lo:hi]
+        kv[: self.live, lo - left: hi - left] = self.key_valid[:, lo:hi]
         g_new = place_at - left
         for i, p in enumerate(prompts):
             r = self.live + i
-            x[r, g_new - len(p) : g_new] = torch.tensor(p, dtype=self.x.dtype, device=dev)
-            x[r, g_new : g_new + g] = self.mask_id
-            kv[r, g_new - len(p) : g_new + g] = True
-            self.joined_prompts[self.num_rows + i] = list(p)
+            x[r, g_new - len(p): g_new] = torch.tensor(p, dtype=self.x.dtype, device=dev)
+            x[r, g_new: g_new + g] = self.mask_id
+            kv[r, g_new - len(p): g_new + g] = True
+        self.outputs.add_rows(self.num_rows, prompts)
         self.x, self.key_valid = x, kv
         self.gstart = torch.cat([self.gstart - left, torch.full((n,), g_new, dtype=torch.long, device=dev)])
-        new_idx = torch.arange(self.num_rows, self.num_rows + n, device=dev)
-        self.rows = torch.cat([self.rows, new_idx])
+        self.rows = torch.cat([self.rows, torch.arange(self.num_rows, self.num_rows + n, device=dev)])
         zeros = torch.zeros(n, dtype=torch.long, device=dev)
         self.nfe = torch.cat([self.nfe, zeros])
         self.streamed = torch.cat([self.streamed, zeros])
-        self._stop_checked = torch.cat([self._stop_checked, zeros])
         self.step_map = torch.cat([self.step_map, torch.full((n, g), -1, dtype=torch.long, device=dev)])
-        self.out_nfe = torch.cat([self.out_nfe, zeros])
-        self.out_step_map = torch.cat([self.out_step_map, torch.full((n, g), -1, dtype=torch.long, device=dev)])
-        self.finish_reason += ["length"] * n
+        for name, values in self.row_values.items():
+            new = [v.get(name, getattr(self.cfg, name)) for _, v in incoming]
+            self.row_values[name] = torch.cat([values, torch.tensor(new, dtype=values.dtype, device=dev)])
         self.num_rows += n
-        return left
+        return n, left
 
     def finish(self, *, total_seconds: float, forward_seconds: float, stats: dict | None = None) -> DiffusionGenerateOutput:
         if self.live:
             self.retire(torch.ones(self.live, dtype=torch.bool, device=self.x.device), reason="length")
         if self.streamer is not None:
             self.streamer.end()
-        if self.joined_prompts:
-            self._assemble_joined()
-        if self.limit < self.G:  # cut the canvas back to max_new_tokens
-            self.out_x = self.out_x[:, : self.out_x.shape[1] - self.G + self.limit]
-            self.out_step_map = self.out_step_map[:, : self.limit]
-        gen = self.out_x[:, -self.limit:]
-        if self.eos_id is not None:
-            is_eos = gen == self.eos_id
-            first = torch.where(is_eos.any(-1), is_eos.long().argmax(-1) + 1,
-                                torch.full_like(is_eos[:, 0], self.limit, dtype=torch.long))
-        else:
-            first = torch.full((gen.shape[0],), self.limit, dtype=torch.long, device=gen.device)
-        tpf = first.double() / self.out_nfe.clamp(min=1).double()
-        return DiffusionGenerateOutput(
-            sequences=self.out_x,
-            num_forwards=self.out_nfe,
-            generated_tokens=first,
-            tpf=tpf,
-            step_map=self.out_step_map,
-            finish_reason=self.finish_reason,
-            timings={"total_seconds": total_seconds, "forward_seconds": forward_seconds},
-            stats=stats or {},
-        )
-
-    def _assemble_joined(self) -> None:
-        """Output rows for every row, joined ones included: prompts left-padded to the longest."""
-        b0 = self.out_x.shape[0]
-        p_out = max([self.P] + [len(p) for p in self.joined_prompts.values()])
-        out = torch.full((self.num_rows, p_out + self.G), self.fill_id, dtype=self.out_x.dtype, device=self.out_x.device)
-        out[:b0, p_out - self.P:] = self.out_x
-        for orig, prompt in self.joined_prompts.items():
-            out[orig, p_out - len(prompt) : p_out] = torch.tensor(prompt, dtype=out.dtype, device=out.device)
-            out[orig, p_out:] = self.joined_gen[orig]
-        self.out_x = out
+        return self.outputs.result(total_seconds=total_seconds, forward_seconds=forward_seconds, stats=stats)

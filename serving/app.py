@@ -23,7 +23,7 @@ from .state import ModelBundle, ServerState, load_bundle
 log = logging.getLogger("dllm.serving")
 
 
-def create_app(settings: ServerSettings | None = None, *, model=None, tokenizer=None, generate_fn=None,
+def create_app(settings: ServerSettings | None = None, *, model=None, tokenizer=None, branch_executor=None,
                engine: RemoteEngine | None = None) -> FastAPI:
     """The FastAPI app.
 
@@ -40,7 +40,7 @@ def create_app(settings: ServerSettings | None = None, *, model=None, tokenizer=
     elif (model is None) != (tokenizer is None):
         raise ValueError("pass both model and tokenizer, or neither (then settings.model is loaded)")
     state = ServerState(settings, ModelBundle(model, tokenizer) if model is not None else None)
-    state.generate_fn = generate_fn
+    state.branch_executor = branch_executor
     if engine is not None:
         engine.metrics = state.metrics
         state.engine = engine

@@ -47,7 +47,10 @@ def serve(
                                              "and new ones get 503 at once)."),
     served_model_name: str | None = typer.Option(None, "--served-model-name",
                                                  help="Model id clients send (default: --model as given)."),
-    max_batch_size: int = typer.Option(8, "--max-batch-size", help="Most rows decoded together in one generate call."),
+    max_batch_size: int = typer.Option(8, "--max-batch-size", help="Most rows decoded together in one batch."),
+    max_batches: int = typer.Option(4, "--max-batches",
+                                    help="Most batches decoding at once, stepped in turn (a small request never "
+                                         "waits for a large one to finish)."),
     max_queue: int = typer.Option(256, "--max-queue", help="Most waiting requests; more get 503 + Retry-After."),
     batch_wait_ms: float = typer.Option(10.0, "--batch-wait-ms",
                                         help="Before a batch that is not full, wait until no request arrived for this "
@@ -105,7 +108,7 @@ def serve(
                                   served_model_name=served_model_name, host=host, port=port,
                                   api_key=api_key, public_metrics=public_metrics, public_docs=public_docs,
                                   allowed_hosts=tuple(allowed_hosts or ()), drain_timeout_s=drain_timeout,
-                                  max_batch_size=max_batch_size, max_queue=max_queue,
+                                  max_batch_size=max_batch_size, max_batches=max_batches, max_queue=max_queue,
                                   batch_wait_ms=batch_wait_ms, join=join, join_max_spread=join_max_spread or None,
                                   stream_interval_ms=stream_interval_ms,
                                   max_tokens_cap=max_tokens_cap, max_request_tokens=max_request_tokens,
@@ -178,16 +181,16 @@ def _start(settings):
             import torch
 
             torch.set_num_threads(settings.num_threads)
-        generate_fn = None
+        branch_executor = None
         if settings.branch_parallel > 1:
             # Ranks 1..N-1 are spawned processes with their own replica; this process is rank 0.
             executor = BranchParallelExecutor(resolve_model_path(settings.model), world_size=settings.branch_parallel,
                                               dtype=settings.dtype, device=settings.device,
                                               num_threads=settings.num_threads)
-            generate_fn = executor.generate
+            branch_executor = executor.branch_factory
         bundle = load_bundle(settings, model=executor.model if executor else None)
         return None, executor, create_app(settings, model=bundle.model, tokenizer=bundle.tokenizer,
-                                          generate_fn=generate_fn)
+                                          branch_executor=branch_executor)
     except BaseException:
         if executor is not None:
             executor.close()

@@ -1,34 +1,33 @@
-"""The engine: one asyncio-facing request queue and ONE decoding worker thread.
+"""The engine: a request queue, a scheduler and ONE decoding worker thread that steps decoding batches.
 
-Requests are split into *rows* (one per prompt x ``n``). The worker takes waiting requests in
-arrival order, groups those whose decoding settings are identical (the whole
-:class:`DiffusionGenerationConfig`: strategy, canvas, block length, cache, thresholds, temperature,
-...), and runs one ``model.generate`` over up to ``max_batch_size`` rows. A :class:`BatchStreamer`
-turns each row's newly committed tokens into text events for the request's ``asyncio.Queue`` and
-cancels rows that are done from the server's point of view (stop string, ``max_tokens``) or whose
-client went away. Events cross threads through an outbox that the event loop drains, with at most
-one wake-up pending: the loop shares the GIL with the worker, so every wake-up it handles delays
-the next decoding step (hence also ``stream_interval_ms``).
+Requests are split into *rows* (one per prompt x ``n``). Each engine step is **schedule -> run ->
+postprocess**:
 
-Rows leave as soon as they finish (the decoding loop retires finished and cancelled rows at once,
-so they stop costing compute) and **join a running call** where the decoding loop supports it
-(continuous batching, ``dllm.decoding.joining``: the semi-AR strategies at every block boundary, D2F
-before every forward): the loop polls ``_Streamer.admit_rows``, which hands over waiting requests
-with the same config, in arrival order, while the head of the queue is such a request and the
-rows fit in ``max_batch_size`` (an incompatible request at the head stops joining, so the call
-drains and that request runs next: nothing starves). In D2F calls a request joins only while the
-running rows' forward windows span at most ``join_max_spread_blocks`` blocks
-(``dllm.decoding.joining.may_join``): staggered rows make every forward cover the union of their windows.
-Joining is opt-in (``join=True``, ``dllm serve --join``): with short answers on CPU it measured slower than
-batching between calls (docs/serving.md). Other strategies (LoPA, d3LLM) take new
-rows between ``generate`` calls only. At temperature 0 a joined row gives the same text as when it runs
-alone. A request's rows always run in the same batch. A request that samples (temperature > 0)
-with a ``seed`` runs in a batch of its own (nothing joins it), so its output depends only on the
-request, not on its neighbours.
+* **schedule** (``_schedule``): waiting requests join a running batch of the same settings where the
+  strategy can take rows mid-call and joining is on (continuous batching, ``dllm.decoding.joining``), or
+  start a new :class:`~dllm.decoding.decode_session.DecodeSession` with the other waiting requests of the same
+  settings (up to ``max_batch_size`` rows), while fewer than ``max_batches`` run. "Same settings" is the
+  whole :class:`DiffusionGenerationConfig` except the options a strategy lets each row set
+  (``Strategy.row_options``: ``threshold``, ``skip_threshold``), so requests that differ only there share
+  every forward. A batch that is not full waits for more requests until none arrived for
+  ``batch_wait`` (or, after a batch, for as many requests as it had, up to ``10 x batch_wait``); a
+  request whose settings match a running batch waits up to ``10 x batch_wait`` for that batch
+  before it gets one of its own. A request that samples (temperature > 0) with a ``seed`` runs in a
+  batch of its own, so its output depends only on the request.
+* **run**: one ``step()`` of the next batch in turn (round robin): one forward and its commits. A
+  large request therefore holds the decoder for one step at a time, and a small request that arrives
+  meanwhile streams its first text after at most one step of every running batch (time slicing).
+* **postprocess**: the step's text goes to the responses (after every step, or every
+  ``stream_interval`` when steps are faster); rows whose client went away are cancelled in their
+  batch; finished batches report their timings.
 
-Per row the request's queue gets ``delta`` events (new text), one ``finish`` event as soon as the
-row ends, and one ``stats`` event with its forward count (when the decoder reports it: today at the
-end of the ``generate`` call).
+The decoder calls back only to hand over output (:class:`_Streamer`: ``put_row``/``end_row``) and to ask
+the server's own stopping criterion (a row that hit its ``max_tokens`` or a stop string in the text).
+Events cross threads through an outbox that the event loop drains, with at most one wake-up pending:
+the loop shares the GIL with the worker, so every wake-up it handles delays the next step.
+
+Per row the request's queue gets ``delta`` events (new text), one ``finish`` event as soon as the row
+ends, and one ``stats`` event with its forward count right after it.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
+import dataclasses
 import logging
 import threading
 import time
@@ -45,6 +45,8 @@ from typing import Any
 import torch
 
 from dllm.decoding.config import DiffusionGenerationConfig
+from dllm.decoding.decode_session import DecodeSession
+from dllm.decoding.registry import get_strategy
 from dllm.decoding.streaming import BatchStreamer
 from dllm.decoding.textstream import RowText
 
@@ -87,7 +89,13 @@ class EngineRequest:
                  max_tokens: int, stop: tuple[str, ...], isolated: bool, bind_loop: bool = True) -> None:
         self.engine = engine
         self.cfg = cfg
-        self.key: Any = (cfg, id(self)) if isolated else (cfg, None)
+        strategy = get_strategy(cfg.strategy)
+        # Rows may set the strategy's row options for themselves: requests that differ only there share a batch.
+        self.row_values = {name: getattr(cfg, name) for name in strategy.row_options}
+        shared = tuple((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
+                       if f.name not in strategy.row_options)
+        self.key: Any = (shared, id(self)) if isolated else (shared, None)
+        self.branches = strategy.branches
         # bind_loop=False: a request whose events leave through a pipe (serving.engine_process)
         self.loop = asyncio.get_running_loop() if bind_loop else None
         self.queue: asyncio.Queue[Event] | None = asyncio.Queue() if bind_loop else None
@@ -107,8 +115,7 @@ class EngineRequest:
     async def events(self, until: str = "stats"):
         """Events until every row has sent ``until`` (``"finish"`` or ``"stats"``), or an error.
 
-        A row's ``finish`` comes as soon as it ends; its ``stats`` (forward count) may come only
-        when its ``generate`` call returns.
+        A row's ``finish`` comes as soon as it ends, its ``stats`` (forward count) right after.
         """
         async for batch in self.event_batches(until):
             for ev in batch:
@@ -139,15 +146,11 @@ class EngineRequest:
 
 
 class _Streamer(BatchStreamer):
-    """The decoding loop's view of a batch (see ``dllm.decoding.streaming.BatchStreamer``)."""
+    """A batch's output: text events per row, buffered until the step's postprocess flushes them."""
 
-    def __init__(self, engine: Engine, rows: list[Row], requests: list[EngineRequest]) -> None:
+    def __init__(self, engine: Engine, rows: list[Row]) -> None:
         self.engine = engine
-        self.rows = rows  # by row index in the generate call; rows that join are appended
-        self.requests = list(requests)  # every request of the call, joined ones included
-        self.key = requests[0].key
-        self.joins_rows = engine.join and self.key[1] is None  # isolated (seeded sampling) calls take nobody
-        self.join_max_spread_blocks = engine.join_max_spread_blocks
+        self.rows = rows  # by row index in the batch; rows that join are appended
         self.touched = False
         self._buffer: list[tuple[EngineRequest, Event]] = []
         self._urgent = False  # a row's first text or its end is buffered: send it soon
@@ -163,11 +166,11 @@ class _Streamer(BatchStreamer):
         if text:
             self._buffer.append((r.request, Event("delta", r.index, text)))
             self._urgent |= first
-        if r.text.finished is not None:  # stop string or max_tokens: the server ends this row
+        if r.text.finished is not None:  # stop string or max_tokens: the server ends this row (``stops``)
             r.finish_reason = r.text.finished
             self._urgent = True
 
-    def end_row(self, row: int, finish_reason: str, **stats: Any) -> None:
+    def end_row(self, row: int, finish_reason: str, num_forwards: int | None = None) -> None:
         self.touched = True
         r = self.rows[row]
         # A row the decoder cut at its step limit (max_steps) was cut short like one at max_tokens:
@@ -182,44 +185,22 @@ class _Streamer(BatchStreamer):
             r.eos = finish_reason == "stop" and not r.text.stop_hit
         self.engine._finish(r, self._buffer)
         self._urgent = True
-        if "num_forwards" in stats:  # decoders that report per-row stats at once
-            r.num_forwards = int(stats["num_forwards"])
+        if num_forwards is not None:
+            r.num_forwards = int(num_forwards)
             self.engine._report(r, self._buffer)  # buffered: it must follow the row's last delta and finish
 
-    def cancelled_rows(self) -> set[int]:
-        # Called once per commit, right after the step's put_row calls. The text goes to the event
-        # loop after every step, or every stream_interval when steps are faster (a quarter of it for a
-        # row's first text or its end): the loop shares the GIL with this thread, so each wake-up it
-        # handles delays the next step.
+    def stops(self, rows: list[int]) -> list[int]:
+        """The server's stopping criterion: rows it ended itself (``max_tokens``, a stop string in the text)."""
+        return [i for i in rows if self.rows[i].finish_reason is not None]
+
+    def maybe_flush(self) -> None:
+        # The text goes to the event loop after every step, or every stream_interval when steps are faster
+        # (a quarter of it for a row's first text or its end): the loop shares the GIL with this thread,
+        # so each wake-up it handles delays the next step.
         elapsed = time.perf_counter() - self._last_flush
         interval = self.engine.stream_interval
         if elapsed >= interval or (self._urgent and elapsed >= interval / 4):
             self.flush()
-        stopping = self.engine._stopping
-        return {i for i, r in enumerate(self.rows)
-                if stopping or r.request.cancelled or r.finish_reason is not None}
-
-    def admit_rows(self, first_row: int, live_rows: int) -> list[list[int]]:
-        """Continuous batching: waiting requests that join this call now (see ``Engine._admit``)."""
-        if first_row != len(self.rows):  # the decoder numbers rows as we do; never guess otherwise
-            log.error("admit_rows: decoder row %d != engine row %d; not joining", first_row, len(self.rows))
-            return []
-        joined = self.engine._admit(self.key, live_rows)
-        prompts = []
-        for req in joined:
-            self.requests.append(req)
-            for r in req.rows:
-                self.rows.append(r)
-                prompts.append(r.prompt_ids)
-        if joined:
-            m = self.engine.metrics
-            if m is not None:
-                m.joined_rows.inc(len(prompts))
-                m.running_rows.set(live_rows + len(prompts))
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("%d rows (%d requests) joined a running call of %d rows", len(prompts), len(joined),
-                          live_rows)
-        return prompts
 
     def flush(self) -> None:
         self._urgent = False
@@ -229,12 +210,31 @@ class _Streamer(BatchStreamer):
             self.engine._post(items)
 
 
+class _Running:
+    """A running batch and the requests it serves."""
+
+    def __init__(self, batch, streamer: _Streamer, key, requests: list[EngineRequest]) -> None:
+        self.batch = batch
+        self.streamer = streamer
+        self.rows = streamer.rows
+        self.key = key
+        self.requests = list(requests)
+        self.branches = requests[0].branches
+        self.started = time.perf_counter()
+        self.cancel_sent: set[int] = set()
+
+    @property
+    def open_rows(self) -> int:
+        return sum(1 for r in self.rows if not r.finish_sent)
+
+
 class Engine:
     """Owns the model; ``submit`` from the event loop, decoding happens on the worker thread."""
 
     def __init__(self, model, tokenizer, *, max_batch_size: int = 8, max_queue: int = 256,
                  batch_wait_ms: float = 10.0, stream_interval_ms: float = 20.0, join: bool = False,
-                 join_max_spread_blocks: float | None = None, metrics=None, generate_fn=None) -> None:
+                 join_max_spread_blocks: float | None = None, max_batches: int = 4, metrics=None,
+                 branch_executor=None, session_factory=None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         # The worker decodes with its own copy: a Rust tokenizer must not be used by two threads at once.
@@ -244,27 +244,36 @@ class Engine:
         self.batch_wait = batch_wait_ms / 1000.0
         self.max_wait = 10 * self.batch_wait
         self.stream_interval = stream_interval_ms / 1000.0
-        self.join = join  # continuous batching: waiting requests join the running call
+        self.join = join  # continuous batching: waiting requests join a running batch
         self.join_max_spread_blocks = join_max_spread_blocks  # D2F admission bound (decoding.joining.may_join)
+        self.max_batches = max_batches
         self.metrics = metrics
-        self.generate_fn = generate_fn or model.generate
+        # LoPA branches on other processes (a BranchParallelExecutor's factory): one such batch at a time
+        self.branch_executor = branch_executor
+        self.session_factory = session_factory or self._new_session
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_id = int(pad if pad is not None else 0)
         self._pending: list[EngineRequest] = []
         self._cond = threading.Condition()
         self._last_arrival = 0.0
-        self._batch_end = 0.0  # when the last generate call returned
-        self._expect = 0  # requests in the last batch: closed-loop clients come back with as many
+        self._batch_end = 0.0  # when the last batch finished
+        self._expect = 0  # requests in the last batch started: closed-loop clients come back with as many
         # worker -> event loop: events wait in the outbox; one wake-up drains everything posted until then
         self._outbox: collections.deque[tuple[EngineRequest, Event]] = collections.deque()
         self._wake_pending = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
-        self._draining = False  # shutdown began: finish the running call, admit nothing (drain)
+        self._draining = False  # shutdown began: running batches finish, nothing new is admitted
         self.clock = BatchClock()  # batch durations, for a full queue's Retry-After
         self._thread: threading.Thread | None = None
-        self.batches = 0
-        self._running: list[EngineRequest] | None = None  # requests of the running call, joined ones included
+        self.batches = 0  # batches started
+        self._running: list[_Running] = []
+        self._turn = -1
+
+    def _new_session(self, cfg, *, streamer, criteria, joinable, branches):
+        return DecodeSession(self.model, cfg, tokenizer=self.detok_tokenizer, streamer=streamer, criteria=criteria,
+                             joinable=joinable, join_max_spread_blocks=self.join_max_spread_blocks,
+                             branch_executor=self.branch_executor if branches else None)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -272,6 +281,7 @@ class Engine:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Queued requests get 503 now; running rows are cancelled at their next step (503 too)."""
         with self._cond:
             self._stopping = True
             pending, self._pending = self._pending, []
@@ -282,8 +292,8 @@ class Engine:
             self._thread.join(timeout)
 
     def drain(self) -> None:
-        """Shutdown begins: new requests get 503 ``shutting_down`` and so do the queued ones, now; the
-        running call finishes (its rows keep streaming), and no request joins it."""
+        """Shutdown begins: new requests get 503 ``shutting_down`` and so do the queued ones, now; running
+        batches finish (their rows keep streaming), and nothing joins them."""
         with self._cond:
             self._draining = True
             pending, self._pending = self._pending, []
@@ -305,6 +315,10 @@ class Engine:
                stop: tuple[str, ...] = (), isolated: bool = False) -> EngineRequest:
         req = EngineRequest(self, prompts, n, cfg, max_tokens, stop, isolated)
         self._loop = req.loop
+        self._enqueue(req)
+        return req
+
+    def _enqueue(self, req: EngineRequest) -> None:
         with self._cond:
             if self._stopping or self._draining:
                 raise shutting_down()
@@ -315,7 +329,6 @@ class Engine:
             self._last_arrival = req.arrival = time.monotonic()
             self._set_depth()
             self._cond.notify()
-        return req
 
     def _post(self, items: list[tuple[EngineRequest, Event]]) -> None:
         """Hand events to the event loop (any thread); at most one wake-up is pending at a time."""
@@ -338,149 +351,227 @@ class Engine:
             if req in self._pending:
                 self._pending.remove(req)
                 self._set_depth()
+            self._cond.notify()
 
     def _set_depth(self) -> None:
         if self.metrics is not None:
             self.metrics.queue_depth.set(len(self._pending))
 
-    # -- worker side -------------------------------------------------------------------------
-    def _next_batch(self) -> list[EngineRequest] | None:
-        with self._cond:
-            while not self._pending and not self._stopping:
-                self._cond.wait()
-            if self._stopping:
-                return None
-            # Collect before starting a batch that is not full. Two signals say more work is coming:
-            # requests are still arriving (a gap of batch_wait ends that), and the clients served by the
-            # batch that just ended (closed-loop clients send their next request at once): wait until as
-            # many requests are pending as that batch had. Both waits end max_wait after they began.
-            start = max(self._batch_end, self._pending[0].arrival)
-            cap = start + self.max_wait
-            while not self._stopping:
-                pending_rows = sum(len(r.rows) for r in self._pending)
-                if pending_rows >= self.max_batch_size:
-                    break
-                now = time.monotonic()
-                waits = [self._last_arrival + self.batch_wait]
-                if len(self._pending) < self._expect:
-                    waits.append(cap)
-                left = min(max(waits), cap) - now
-                if left <= 0:
-                    break
-                self._cond.wait(left)
-            if self._stopping or not self._pending:
-                return None
-            head = self._pending[0]
-            batch, rows = [head], len(head.rows)
-            if head.key[1] is None:
-                for req in self._pending[1:]:
-                    if req.key == head.key and rows + len(req.rows) <= self.max_batch_size:
-                        batch.append(req)
-                        rows += len(req.rows)
-                        if rows == self.max_batch_size:
-                            break
-            for req in batch:
-                self._pending.remove(req)
-            self._set_depth()
-            self._expect = len(batch)
-            if log.isEnabledFor(logging.DEBUG):
-                now = time.perf_counter()
-                log.debug("batch of %d rows (%d requests; %d left waiting); arrivals %s ms ago", rows, len(batch),
-                          len(self._pending), [round((now - r.submitted) * 1000, 1) for r in batch])
-            return batch
+    def _started(self, reqs: list[EngineRequest]) -> None:
+        """Requests that left the queue for a batch (the engine process reports them)."""
 
-    def _admit(self, key, live_rows: int) -> list[EngineRequest]:
-        """Waiting requests that join a running call with batch key ``key`` (worker thread).
-
-        From the head of the queue, in arrival order, while the head has the same key (same config,
-        not isolated) and its rows fit beside ``live_rows`` in ``max_batch_size`` (a request larger
-        than that joins only an empty call, as it would start one). The first request that does not
-        qualify ends the scan, so a request with other settings waits only for the call to drain.
-        """
-        if not self.join or key[1] is not None:  # joining is off, or an isolated (seeded sampling) call
-            return []
-        out: list[EngineRequest] = []
-        with self._cond:
-            if self._stopping or self._draining:
-                return []
-            while self._pending:
-                req = self._pending[0]
-                n = len(req.rows)
-                if req.key != key or (live_rows + n > self.max_batch_size and live_rows > 0):
-                    break
-                self._pending.pop(0)
-                out.append(req)
-                live_rows += n
-            if out:
-                self._set_depth()
-        return out
-
+    # -- worker side: schedule ---------------------------------------------------------------
     def _worker(self) -> None:
-        while not self._stopping:
-            batch = self._next_batch()
-            if batch:
-                try:
-                    self._run(batch)
-                except Exception:  # never let the worker die; the requests get an error
-                    log.exception("decoding batch failed")
-                    self._fail(self._running or batch, internal("decoding failed; see the server log"))
-                self._running = None
-                with self._cond:
-                    self._batch_end = time.monotonic()
+        while True:
+            run = self._schedule()
+            if run is None:
+                return
+            try:
+                self._step(run)
+            except Exception:  # never let the worker die; the batch's requests get an error
+                log.exception("decoding step failed")
+                self._end(run, error=internal("decoding failed; see the server log"))
 
-    def _run(self, batch: list[EngineRequest], retry_alone: bool = True) -> None:
-        rows = [row for req in batch for row in req.rows]
-        cfg = batch[0].cfg
-        width = max(len(r.prompt_ids) for r in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, dtype=torch.long)
-            mask[i, width - len(r.prompt_ids):] = 1
-        streamer = _Streamer(self, rows, batch)
-        rows = streamer.rows  # grows when requests join the running call
-        self._running = streamer.requests
-        m = self.metrics
-        if m is not None:
-            m.running_rows.set(len(rows))
-            m.active_branches.set(len(rows) * (cfg.lopa_branches + 1) if cfg.strategy == "lopa" else 0)
-        self.batches += 1
-        t0 = time.perf_counter()
+    def _schedule(self) -> _Running | None:
+        """Admit what can run now; the batch to step next, or None when the engine stops."""
+        with self._cond:
+            while True:
+                if self._stopping and not self._running:
+                    return None
+                now = time.monotonic()
+                wake = self._admit(now) if not (self._stopping or self._draining) else None
+                if self._running:
+                    self._turn = (self._turn + 1) % len(self._running)
+                    return self._running[self._turn]
+                self._cond.wait(None if wake is None else max(0.0, wake - now))
+
+    def _admit(self, now: float) -> float | None:
+        """Place waiting requests (called with the lock held). Returns when to look again, if something waits."""
+        started: list[EngineRequest] = []
+        if self.join:
+            for req in list(self._pending):
+                run = self._joinable(req)
+                if run is not None:
+                    self._pending.remove(req)
+                    self._join(run, req)
+                    started.append(req)
+        wake = None
+        while self._pending and len(self._running) < self.max_batches:
+            group, ready_at = self._next_group(now)
+            if group is None:
+                wake = ready_at
+                break
+            for req in group:
+                self._pending.remove(req)
+            self._start_session(group)
+            started += group
+        if started:
+            self._set_depth()
+            self._started(started)
+        return wake
+
+    def _joinable(self, req: EngineRequest) -> _Running | None:
+        if req.key[1] is not None:
+            return None
+        for run in self._running:
+            if (run.key == req.key and run.batch.joinable and not run.batch.finished()
+                    and run.open_rows + len(req.rows) <= self.max_batch_size):
+                return run
+        return None
+
+    def _next_group(self, now: float) -> tuple[list[EngineRequest] | None, float | None]:
+        """The oldest waiting request and those that batch with it, once the batch is ready to start;
+        else (None, when it will be)."""
+        for head in self._pending:
+            if head.branches and self.branch_executor is not None and any(r.branches for r in self._running):
+                continue  # the branch ranks serve one LoPA batch at a time
+            group, rows = [head], len(head.rows)
+            if head.key[1] is None:
+                for req in self._pending:
+                    if req is not head and req.key == head.key and rows + len(req.rows) <= self.max_batch_size:
+                        group.append(req)
+                        rows += len(req.rows)
+            ready_at = self._ready_at(head, rows)
+            if ready_at <= now:
+                return group, None
+            return None, ready_at  # the oldest request decides: nothing overtakes it
+        return None, None
+
+    def _ready_at(self, head: EngineRequest, rows: int) -> float:
+        """When a batch headed by ``head`` with ``rows`` rows starts. Two signals say more work is coming:
+        requests are still arriving (a gap of batch_wait ends that), and the clients served by the batch
+        that just ended (closed-loop clients send their next request at once). A request whose settings
+        match a running batch waits for it, as it would for a full batch. Every wait ends max_wait
+        after it began."""
+        if rows >= self.max_batch_size:
+            return 0.0
+        cap = max(self._batch_end, head.arrival) + self.max_wait
+        if any(run.key == head.key for run in self._running):
+            return cap
+        ready = self._last_arrival + self.batch_wait
+        if not self._running and len(self._pending) < self._expect:
+            ready = cap
+        return min(ready, cap)
+
+    def _start_session(self, group: list[EngineRequest]) -> None:
+        head = group[0]
+        rows = [row for req in group for row in req.rows]
+        streamer = _Streamer(self, [])
+        joinable = self.join and head.key[1] is None
         try:
-            out = self.generate_fn(ids, attention_mask=mask, generation_config=cfg, streamer=streamer,
-                                   tokenizer=self.detok_tokenizer)
+            batch = self.session_factory(head.cfg, streamer=streamer, criteria=[streamer.stops], joinable=joinable,
+                                           branches=head.branches)
+        except Exception as err:  # a setting the decoder refuses for this model: a 400 for these requests
+            self._fail(group, _as_error(err))
+            return
+        run = _Running(batch, streamer, head.key, group)
+        try:
+            self._add(run, rows, group)
         except Exception as err:
-            streamer.flush()
-            batch = streamer.requests  # joined requests included
-            if not streamer.touched and retry_alone and len(batch) > 1:
-                log.warning("batch of %d requests failed before decoding (%s); running them one by one", len(batch), err)
-                for req in batch:
-                    self._run([req], retry_alone=False)
+            self._fail(group, _as_error(err))
+            return
+        self._running.append(run)
+        self.batches += 1
+        self._expect = len(group)
+        if log.isEnabledFor(logging.DEBUG):
+            now = time.perf_counter()
+            log.debug("batch of %d rows (%d requests; %d left waiting); arrivals %s ms ago", len(rows), len(group),
+                      len(self._pending), [round((now - r.submitted) * 1000, 1) for r in group])
+
+    def _add(self, run: _Running, rows: list[Row], reqs: list[EngineRequest]) -> None:
+        values: dict[str, list] = {name: [] for name in reqs[0].row_values}
+        for req in reqs:
+            for name, value in req.row_values.items():
+                values[name] += [value] * len(req.rows)
+        indices = run.batch.add_rows([r.prompt_ids for r in rows], **values)
+        if indices.start != len(run.rows):  # the batch numbers rows as we do; never guess otherwise
+            raise RuntimeError(f"batch row {indices.start} != engine row {len(run.rows)}")
+        run.rows.extend(rows)
+
+    def _join(self, run: _Running, req: EngineRequest) -> None:
+        self._add(run, req.rows, [req])
+        run.requests.append(req)
+        if self.metrics is not None:
+            self.metrics.joined_rows.inc(len(req.rows))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%d rows joined a running batch of %d rows", len(req.rows), run.batch.live)
+
+    # -- worker side: run and postprocess ----------------------------------------------------
+    def _step(self, run: _Running) -> None:
+        try:
+            more = run.batch.step()
+        except Exception as err:
+            run.streamer.flush()
+            if not run.streamer.touched and len(run.requests) > 1:
+                log.warning("a batch of %d requests failed before decoding (%s); running them one by one",
+                            len(run.requests), err)
+                self._retry_alone(run)
                 return
             error = _as_error(err)
             if error.status < 500:
-                log.warning("rejected a batch at decoding time: %s", err)
+                log.warning("rejected a request at decoding time: %s", err)
             else:
                 log.exception("decoding failed")
-            self._fail(batch, error)
+            self._end(run, error=error)
             return
-        finally:
+        for i, r in enumerate(run.rows):  # clients that went away, or the engine stopping: cancel the row
+            if i not in run.cancel_sent and not r.finish_sent and (self._stopping or r.request.cancelled):
+                run.batch.cancel(i)
+                run.cancel_sent.add(i)
+        if more and not run.batch.finished():
+            run.streamer.maybe_flush()
+            self._gauges()
+        else:
+            self._end(run)
+
+    def _retry_alone(self, run: _Running) -> None:
+        with self._cond:
+            self._running.remove(run)
+            for req in reversed(run.requests):  # at the head of the queue, each in a batch of its own
+                for r in req.rows:
+                    r.finish_sent = r.reported = False
+                req.key = (req.key[0], id(req))
+                self._pending.insert(0, req)
+            self._set_depth()
+
+    def _end(self, run: _Running, error: ServingError | None = None) -> None:
+        """The batch finished (or failed): the last text, the rows' ends and stats, the timings."""
+        seconds = time.perf_counter() - run.started
+        with self._cond:
+            if run in self._running:
+                self._running.remove(run)
+            self._batch_end = time.monotonic()
+        self.clock.add(seconds)
+        m = self.metrics
+        if m is not None:  # before the last events go out: a client that saw its answer sees these too
+            m.batch_size.observe(len(run.rows))
+            m.generate_seconds.observe(seconds)
+        if error is not None:
+            run.streamer.flush()
+            self._fail(run.requests, error)
+        else:
+            out = run.batch.output()
             if m is not None:
-                m.batch_size.observe(len(rows))
-                m.running_rows.set(0)
-                m.active_branches.set(0)
-                m.generate_seconds.observe(time.perf_counter() - t0)
-            self.clock.add(time.perf_counter() - t0)
-        if m is not None:
-            m.forward_seconds.inc(float(out.timings.get("forward_seconds", 0.0)))
-        streamer.flush()
-        for i, r in enumerate(rows):
-            if r.finish_reason is None:  # every row is ended by the decoder; be safe anyway
-                streamer.end_row(i, out.finish_reason[i])
-            self._finish(r)
-            if r.num_forwards is None:
-                r.num_forwards = int(out.num_forwards[i])
-            self._report(r)
+                m.forward_seconds.inc(float(out.timings.get("forward_seconds", 0.0)))
+            for i, r in enumerate(run.rows):
+                if r.finish_reason is None:  # every row is ended by the decoder; be safe anyway
+                    run.streamer.end_row(i, out.finish_reason[i], num_forwards=int(out.num_forwards[i]))
+                if r.num_forwards is None:
+                    r.num_forwards = int(out.num_forwards[i])
+                self._finish(r, run.streamer._buffer)
+                self._report(r, run.streamer._buffer)
+            self._gauges()
+            run.streamer.flush()
+        if error is not None:
+            self._gauges()
+
+    def _gauges(self) -> None:
+        m = self.metrics
+        if m is None:
+            return
+        live = [(run.batch.live, run) for run in list(self._running)]
+        m.running_rows.set(sum(n for n, _ in live))
+        m.active_branches.set(sum(n * (run.requests[0].cfg.lopa_branches + 1) for n, run in live if run.branches))
 
     def _finish(self, r: Row, buffer: list | None = None) -> None:
         """The row ended: its text is complete (its forward count may come later, see ``_report``)."""
@@ -524,6 +615,7 @@ class Engine:
     def _fail(self, batch: list[EngineRequest], error: ServingError) -> None:
         for req in batch:
             req._emit(Event("error", error=error))
+
 
 
 def _as_error(err: Exception) -> ServingError:

@@ -180,20 +180,10 @@ class ChildEngine(Engine):
         with self._lock:
             self._send(("events", out, self.metrics.take()))
 
-    def _started(self, reqs) -> None:
+    def _started(self, reqs) -> None:  # called by the scheduler, with its lock held
         if reqs:
             with self._lock:
                 self._send(("started", [r.rid for r in reqs]))
-
-    def _next_batch(self):
-        batch = super()._next_batch()
-        self._started(batch)
-        return batch
-
-    def _admit(self, key, live_rows: int):
-        joined = super()._admit(key, live_rows)
-        self._started(joined)
-        return joined
 
 
 def _exit_with_parent(poll_s: float = 0.5) -> None:
@@ -256,7 +246,8 @@ def engine_main(conn, spec: dict) -> None:
             pass
 
     engine = ChildEngine(send, model, tokenizer, metrics=MetricsRecorder(),
-                         generate_fn=executor.generate if executor is not None else None, **spec["engine"])
+                         branch_executor=executor.branch_factory if executor is not None else None,
+                         **spec["engine"])
     conn.send(("ready", info))
     engine.start()
     try:
@@ -410,7 +401,7 @@ class RemoteEngine:
         with self._lock:
             if len(self._state.waiting) >= self.max_queue:
                 queued = sum(len(self._state.requests[r].rows) for r in self._state.waiting if r in self._state.requests)
-                raise queue_full(self.clock.retry_after(queued, self.spec["engine"]["max_batch_size"]))
+                raise queue_full(self.clock.retry_after(queued, self.spec.get("engine", {}).get("max_batch_size", 8)))
             req = RemoteRequest(self, next(self._ids), len(prompts) * n)
             self._state.requests[req.rid] = req
             self._state.waiting.add(req.rid)

@@ -36,7 +36,7 @@ class ServerMetrics:
                                     buckets=COUNT_BUCKETS, registry=r)
         self.joined_rows = Counter("dllm_joined_rows", "Rows that joined a generate call already running",
                                    registry=r)
-        self.generate_seconds = Histogram("dllm_generate_seconds", "Wall time of each generate call (one batch)",
+        self.generate_seconds = Histogram("dllm_generate_seconds", "Wall time of each decoding batch",
                                           buckets=LATENCY_BUCKETS, registry=r)
         self.forward_seconds = Counter("dllm_forward_seconds", "Time spent in model forwards (as decoding reports it)",
                                        registry=r)

@@ -81,14 +81,15 @@ def _build_config(state: ServerState, req, max_tokens: int) -> tuple[DiffusionGe
     overrides["seed"] = req.seed if isolated else None
     try:
         cfg = b.base_cfg.replace(**overrides)
-        check_compatible(get_strategy(cfg.strategy), b.model)
+        strategy = get_strategy(cfg.strategy)
+        check_compatible(strategy, b.model, cfg)
     except StrategyError as err:
         raise bad_request(str(err), param="strategy") from None
     except (GenerationConfigError, TypeError, ValueError) as err:
         raise bad_request(str(err), param=_guess_param(str(err), overrides)) from None
-    if s.branch_parallel > 1 and cfg.strategy == "lopa" and (cfg.temperature > 0 or cfg.remasking != "low_confidence"):
-        raise bad_request("with --branch-parallel, strategy 'lopa' decodes greedily only (temperature 0, remasking "
-                          "'low_confidence'): every rank must make the same choices", param="temperature")
+    if s.branch_parallel > 1 and strategy.branches and (cfg.temperature > 0 or cfg.remasking != "low_confidence"):
+        raise bad_request(f"with --branch-parallel, strategy {cfg.strategy!r} decodes greedily only (temperature 0, "
+                          "remasking 'low_confidence'): every rank must make the same choices", param="temperature")
     return cfg, isolated
 
 

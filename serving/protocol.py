@@ -49,6 +49,9 @@ class DiffusionOptions(_Model):
     lopa_confidence: str | None = None
     editing_threshold: float | None = None
     max_post_steps: int | None = None
+    denoising_steps: int | None = None  # sdar
+    unmasking: str | None = None  # sdar
+    sub_block_length: int | None = None  # fast_dllm_v2
     remasking: str | None = None
     refresh_interval: int | None = None
     cache_delay: int | None = None

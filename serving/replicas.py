@@ -70,7 +70,7 @@ def app_builder(args: dict[str, Any]):
 
 
 def run(settings: ServerSettings, *, replicas: int, num_cpus: float = 1.0) -> None:
-    """Start Ray (here, on this machine), serve ``replicas`` replicas on ``settings.host:port`` and block until
+    """Start a local Ray instance, serve ``replicas`` replicas on ``settings.host:port`` and block until
     SIGTERM/SIGINT; then stop Serve and Ray so that no replica or Ray process is left behind."""
     import signal
     import threading

@@ -22,7 +22,9 @@ class ServerSettings:
             (a DNS-rebinding guard for a server on a shared network).
         drain_timeout_s: on SIGTERM/SIGINT, running requests get this long to finish; queued ones are
             answered 503 at once, and new ones too (``/ready`` turns 503 so balancers stop sending).
-        max_batch_size: most rows (sequences) in one ``generate`` call.
+        max_batch_size: most rows (sequences) in one decoding batch.
+        max_batches: most batches decoding at once; the engine steps them in turn, one forward each, so
+            a small request never waits for a large one to finish (``dllm.serving.engine``).
         max_queue: most requests waiting for a batch; one more gets 503 + ``Retry-After``.
         batch_wait_ms: before starting a batch that is not full, the scheduler waits until no request
             arrived for this long; and after a batch it waits (at most ``10 x`` this) for as many
@@ -63,6 +65,7 @@ class ServerSettings:
     allowed_hosts: tuple[str, ...] = ()
     drain_timeout_s: float = 30.0
     max_batch_size: int = 8
+    max_batches: int = 4
     max_queue: int = 256
     batch_wait_ms: float = 10.0
     join: bool = False  # measured: faster for short answers on CPU (docs/serving.md); --join for TTFT
@@ -88,8 +91,8 @@ class ServerSettings:
         from dllm.decoding.config import check_option_names
 
         check_option_names(self.generation_defaults)  # a GenerationConfigError is a ValueError
-        for name in ("max_batch_size", "max_queue", "max_body_bytes", "max_prompt_tokens", "max_tokens_cap",
-                     "max_n", "max_prompts", "max_rows_per_request", "max_stop", "max_stop_length",
+        for name in ("max_batch_size", "max_batches", "max_queue", "max_body_bytes", "max_prompt_tokens",
+                     "max_tokens_cap", "max_n", "max_prompts", "max_rows_per_request", "max_stop", "max_stop_length",
                      "branch_parallel"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

@@ -75,7 +75,7 @@ class ServerState:
         self.engine: Engine | None = None
         self.created = int(time.time())
         self.load_error: str | None = None
-        self.generate_fn = None  # a branch-parallel executor's generate, when one runs
+        self.branch_executor = None  # a branch-parallel executor's factory, when one runs
         self.draining = False  # shutdown has begun (begin_drain)
         self.restarts = 0  # engines restarted after one stopped
 
@@ -85,7 +85,8 @@ class ServerState:
         self.engine = Engine(b.model, b.tokenizer, max_batch_size=s.max_batch_size, max_queue=s.max_queue,
                              batch_wait_ms=s.batch_wait_ms, stream_interval_ms=s.stream_interval_ms,
                              join=s.join, join_max_spread_blocks=s.join_max_spread,
-                             metrics=self.metrics, generate_fn=self.generate_fn)
+                             metrics=self.metrics, branch_executor=self.branch_executor,
+                             max_batches=s.max_batches)
         self.engine.start()
 
     def engine_spec(self) -> dict:
@@ -95,7 +96,8 @@ class ServerState:
                 "branch_parallel": s.branch_parallel, "generation_defaults": dict(s.generation_defaults),
                 "engine": {"max_batch_size": s.max_batch_size, "max_queue": s.max_queue,
                            "batch_wait_ms": s.batch_wait_ms, "stream_interval_ms": s.stream_interval_ms,
-                           "join": s.join, "join_max_spread_blocks": s.join_max_spread}}
+                           "join": s.join, "join_max_spread_blocks": s.join_max_spread,
+                           "max_batches": s.max_batches}}
 
     def load_remote(self) -> None:
         """Start the engine process, wait for its model, load the tokenizer here (blocking)."""

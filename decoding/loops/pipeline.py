@@ -22,7 +22,11 @@ Batches: rows advance independently. The forward covers the union of the rows' w
 row has not appended yet are invisible to it (block-causal mask, or key-padding for d3LLM), so a
 row's decisions equal its single-row run.
 
-Rows may join a running D2F batch before any forward (``BatchStreamer.admit_rows``; see
+The strategy's rule (:class:`D2FRule`, :class:`EntropyRule`) chooses tokens and fills blocks; the
+window plan (:class:`ExactWindow`, :class:`FullWindow`, :class:`DelayedWindow`) decides what each forward
+feeds and caches. The loop yields after every forward.
+
+Rows may join a running D2F batch before any forward (``DecodeSession.add_rows``; see
 ``dllm.decoding.joining``): a new row's prompt block is fed by the next forward together with its first
 block, as in its single-row run.
 """
@@ -33,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.decoding.joining import joining_enabled, may_join, poll
+from dllm.decoding.joining import may_join, poll
 from dllm.decoding.policies import select_above, select_best
 from dllm.decoding.runner import LogitRules, ModelRunner
 from dllm.decoding.sampling import entropy, llada_choice, llada_token, ranking_confidence
@@ -148,36 +152,159 @@ def d2f_fill(conf: torch.Tensor, rank: torch.Tensor, candidates: torch.Tensor, t
     return take
 
 
-def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> dict:
-    cfg = state.cfg
-    d2f = cfg.strategy == "d2f"
-    B, P = cfg.block_size, state.P
-    runner = ModelRunner(model, prompt_length=P, key_valid=state.key_valid,
-                         rules=LogitRules.from_config(cfg, state.mask_id, state.eos_id))
-    # d3LLM with a cache: a finished block is cached `cache_delay` forwards after its last token, and
-    # a full forward refreshes everything while blocks stabilise or every `refresh_interval` forwards.
-    delayed = not d2f and cfg.cache != "none"
-    cache = model.allocate_cache(state.key_valid, prompt_length=P) if (d2f or delayed) else None
-    plans = [RowPlan(P) for _ in range(state.live)]
-    mask_id = state.mask_id
-    steps = 0
+class D2FRule:
+    """D2F: per active block, slots with probability > ``skip_threshold`` (per row); a fully activated block
+    with none fills its best one, ranked by ``d2f_confidence``."""
 
-    # Continuous batching (decoding.joining), D2F only: before every forward new rows may join, their
-    # prompts ending where the batch's forward window starts.
-    join = d2f and joining_enabled(state.batch_streamer, model, cfg)
+    def __init__(self, cfg, state) -> None:
+        self.cfg, self.state = cfg, state
+
+    def choose(self, logits, gen):
+        cfg = self.cfg
+        x0, conf = llada_choice(logits, temperature=cfg.temperature, remasking="low_confidence", generator=gen,
+                                top_p=cfg.top_p, top_k=cfg.top_k)
+        self.conf = conf
+        self.rank = ranking_confidence(cfg.d2f_confidence, logits, conf, temperature=cfg.temperature,
+                                       top_p=cfg.top_p, top_k=cfg.top_k)
+        return x0
+
+    def fill_row(self, r: int, plan: RowPlan, start: int, candidates: torch.Tensor) -> torch.Tensor:
+        tau = self.state.option("skip_threshold")
+        tau = float(tau[r]) if torch.is_tensor(tau) else tau
+        take = torch.zeros_like(candidates[r])
+        for b in plan.active():
+            s, e = b.start - start, b.end - start
+            take[s:e] |= d2f_fill(self.conf[r: r + 1, s:e], self.rank[r: r + 1, s:e], candidates[r: r + 1, s:e],
+                                  tau, b.complete)[0]
+        return take
+
+
+class EntropyRule:
+    """d3LLM: slots with entropy <= ``entropy_threshold``; the first fully activated block commits its
+    lowest-entropy slot if it got none, and each row always commits its lowest-entropy slot."""
+
+    def __init__(self, cfg, state) -> None:
+        self.cfg = cfg
+
+    def choose(self, logits, gen):
+        cfg = self.cfg  # d3LLM decides by entropy only: no confidence needed
+        self.ent = entropy(logits)
+        return llada_token(logits, temperature=cfg.temperature, generator=gen, top_p=cfg.top_p, top_k=cfg.top_k)
+
+    def fill_row(self, r, plan, start, candidates):
+        ent, take = self.ent, torch.zeros_like(candidates[r])
+        forced_first = False
+        row_any = torch.zeros_like(candidates[r])
+        for b in plan.active():
+            s, e = b.start - start, b.end - start
+            cand = candidates[r: r + 1, s:e]
+            got = cand & (ent[r: r + 1, s:e] <= self.cfg.entropy_threshold)
+            if b.complete and not forced_first and not bool(got.any()):
+                got = select_best(-ent[r: r + 1, s:e], cand)
+            forced_first = forced_first or b.complete
+            take[s:e] |= got[0]
+            row_any[s:e] |= cand[0]
+        if bool(row_any.any()):  # the lowest-entropy position is always decoded
+            take |= select_best(-ent[r: r + 1], row_any[None])[0]
+        return take
+
+
+class ExactWindow:
+    """D2F on a block-causal model: finished blocks cached in order; every forward starts at the cache end."""
+
+    joins_rows = True
+
+    def __init__(self, model, cfg, state, runner) -> None:
+        self.runner, self.block = runner, cfg.block_size
+        self.cache = model.allocate_cache(state.key_valid, prompt_length=state.P)
+
+    def start(self, plans) -> int:
+        return min(p.feed_start() for p in plans)
+
+    def forward(self, state, plans, start, end, steps):
+        self.cache.length = start
+        return self.runner.cached(state.x, start=start, end=end, cache=self.cache, mode="prefix", block_size=self.block)
+
+
+class FullWindow:
+    """d3LLM without a cache: a full forward over each row's prompt and appended blocks."""
+
+    joins_rows = False
+    cache = None
+
+    def __init__(self, model, cfg, state, runner) -> None:
+        self.runner, self.cfg = runner, cfg
+
+    def start(self, plans) -> int:  # logits are needed from the first active block on
+        return min(p.active()[0].start for p in plans)
+
+    def key_valid(self, state, plans):
+        key_valid = state.key_valid.clone()
+        for r, p in enumerate(plans):
+            key_valid[r, p.end:] = False  # blocks a row has not appended are not part of its canvas
+        return key_valid
+
+    def forward(self, state, plans, start, end, steps):
+        return self.runner.full(state.x[:, :end], logits_from=start, key_valid=self.key_valid(state, plans))
+
+
+class DelayedWindow(FullWindow):
+    """d3LLM with a cache: a finished block is cached ``cache_delay`` forwards after its last token, and a full
+    forward refreshes everything while blocks stabilise or every ``refresh_interval`` forwards."""
+
+    def __init__(self, model, cfg, state, runner) -> None:
+        super().__init__(model, cfg, state, runner)
+        self.cache = model.allocate_cache(state.key_valid, prompt_length=state.P)
+
+    def forward(self, state, plans, start, end, steps):
+        cfg, cache = self.cfg, self.cache
+        cache.key_valid = self.key_valid(state, plans)  # the same per-row canvas view for cached forwards
+        refresh = (cache.length == 0 or any(p.stabilizing(steps, cfg.cache_delay) for p in plans)
+                   or bool(cfg.refresh_interval and steps % cfg.refresh_interval == 0))
+        if refresh:
+            logits = self.runner.full(state.x[:, :end], logits_from=start, cache=cache)
+            cache.length = min(p.stable_end(steps, cfg.cache_delay) for p in plans)
+            return logits
+        c = cache.length  # the stable prefix is cached: feed only the rest
+        return self.runner.cached(state.x, start=c, end=end, cache=cache, mode="prefix")[:, start - c:]
+
+
+def window_for(model, cfg, rule: type):
+    if rule is D2FRule:
+        return ExactWindow
+    return FullWindow if cfg.cache == "none" else DelayedWindow
+
+
+def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None):
+    cfg = state.cfg
+    B, mask_id = cfg.block_size, state.mask_id
+    runner = ModelRunner(model, prompt_length=state.P, key_valid=state.key_valid,
+                         rules=LogitRules.from_config(cfg, state.mask_id, state.eos_id))
+    rule = state.strategy.policy(cfg, state)
+    window = window_for(model, cfg, state.strategy.policy)(model, cfg, state, runner)
+    plans = [RowPlan(state.P) for _ in range(state.live)]
+    steps = 0
+    join = state.joining and window.joins_rows
+
+    def keep_rows(keep):
+        nonlocal plans
+        if keep is not None:
+            plans = [plans[i] for i in keep.tolist()]
+            runner.select_rows(keep)
+            if window.cache is not None:
+                window.cache = window.cache.select_rows(keep)
+
     while True:
-        if join:
+        if join:  # before every forward new rows may join, their prompts ending where the window starts
             place = min((p.feed_start() for p in plans), default=0)
-            joined = 0
-            if may_join(state.batch_streamer, place_at=place, window_end=max((p.end for p in plans), default=place),
-                        live=state.live, block=B):
-                joined, shift, cache = poll(state, place_at=place, runner=runner, cache=cache)
-            if joined:
-                for p in plans:
-                    p.shift(shift)
-                first, _ = state.row_spans()
-                g0 = state.gstart
-                plans += [RowPlan(int(g0[r]), int(first[r])) for r in range(state.live - joined, state.live)]
+            window_end = max((p.end for p in plans), default=place)
+            if may_join(state, place_at=place, window_end=window_end, block=B):
+                joined, shift, window.cache = poll(state, place_at=place, runner=runner, cache=window.cache)
+                if joined:
+                    for p in plans:
+                        p.shift(shift)
+                    first, _ = state.row_spans()
+                    plans += [RowPlan(int(state.gstart[r]), int(first[r])) for r in range(state.live - joined, state.live)]
         if not state.live:
             break
         # 1-2: append and activate, per row
@@ -186,40 +313,14 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> d
         # 3: rows with nothing left to decode are finished
         finished = torch.tensor([not p.active() for p in plans], dtype=torch.bool, device=state.x.device)
         if bool(finished.any()):
-            keep = state.retire(finished, reason="length")
-            plans = [plans[i] for i in keep.tolist()]
-            runner.select_rows(keep)
-            if cache is not None:
-                cache = cache.select_rows(keep)
+            keep_rows(state.retire(finished, reason="length"))
             if not state.live:
-                if join:
-                    continue  # waiting rows may still join
+                if join and state.incoming:
+                    continue  # waiting rows join now
                 break
         # 4-5: one forward over the union of the rows' windows
-        if d2f:
-            start = min(p.feed_start() for p in plans)
-        else:  # no cache: logits are needed from the first active block on
-            start = min(p.active()[0].start for p in plans)
-        end = max(p.end for p in plans)
-        if d2f:
-            cache.length = start
-            logits = runner.cached(state.x, start=start, end=end, cache=cache, mode="prefix", block_size=B)
-        else:
-            key_valid = state.key_valid.clone()
-            for r, p in enumerate(plans):
-                key_valid[r, p.end:] = False  # blocks a row has not appended are not part of its canvas
-            if not delayed:
-                logits = runner.full(state.x[:, :end], logits_from=start, key_valid=key_valid)
-            else:
-                cache.key_valid = key_valid  # the same per-row canvas view for cached forwards
-                refresh = (cache.length == 0 or any(p.stabilizing(steps, cfg.cache_delay) for p in plans)
-                           or bool(cfg.refresh_interval and steps % cfg.refresh_interval == 0))
-                if refresh:
-                    logits = runner.full(state.x[:, :end], logits_from=start, cache=cache)
-                    cache.length = min(p.stable_end(steps, cfg.cache_delay) for p in plans)
-                else:  # the stable prefix is cached: feed only the rest
-                    c = cache.length
-                    logits = runner.cached(state.x, start=c, end=end, cache=cache, mode="prefix")[:, start - c:]
+        start, end = window.start(plans), max(p.end for p in plans)
+        logits = window.forward(state, plans, start, end, steps)
         steps += 1
         state.count_forward()
         for p in plans:
@@ -227,35 +328,9 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> d
                 if b.state == TO_CACHE:
                     b.state = IN_CACHE  # its K/V were written by this forward, from final tokens
         # 6: decode every active block
-        window = state.x[:, start:end]
-        candidates = window == mask_id
-        if d2f:
-            x0, conf = llada_choice(logits, temperature=cfg.temperature, remasking="low_confidence", generator=gen,
-                                    top_p=cfg.top_p, top_k=cfg.top_k)
-            rank = ranking_confidence(cfg.d2f_confidence, logits, conf, temperature=cfg.temperature, top_p=cfg.top_p,
-                                      top_k=cfg.top_k)
-        else:  # d3LLM decides by entropy only: no confidence needed
-            x0 = llada_token(logits, temperature=cfg.temperature, generator=gen, top_p=cfg.top_p, top_k=cfg.top_k)
-            ent = entropy(logits)
-        transfer = torch.zeros_like(candidates)
-        for r, p in enumerate(plans):
-            forced_first = False
-            row_any = torch.zeros_like(candidates[r])
-            for b in p.active():
-                s, e = b.start - start, b.end - start
-                cand = candidates[r : r + 1, s:e]
-                if d2f:
-                    take = d2f_fill(conf[r : r + 1, s:e], rank[r : r + 1, s:e], cand, cfg.skip_threshold, b.complete)
-                else:
-                    take = cand & (ent[r : r + 1, s:e] <= cfg.entropy_threshold)
-                    if b.complete and not forced_first and not bool(take.any()):
-                        take = select_best(-ent[r : r + 1, s:e], cand)
-                    if b.complete:
-                        forced_first = True
-                transfer[r, s:e] |= take[0]
-                row_any[s:e] |= cand[0]
-            if not d2f and bool(row_any.any()):  # d3LLM: the lowest-entropy position is always decoded
-                transfer[r : r + 1] |= select_best(-ent[r : r + 1], row_any[None])
+        x0 = rule.choose(logits, gen)
+        candidates = state.x[:, start:end] == mask_id
+        transfer = torch.stack([rule.fill_row(r, p, start, candidates) for r, p in enumerate(plans)])
         state.commit(start, transfer, x0)
         if state.eos_id is not None:
             for r, p in enumerate(plans):
@@ -265,10 +340,6 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None) -> d
         for r, p in enumerate(plans):
             p.mark_done(state.x[r], mask_id, steps)
             p.retire_finished(state.x[r], mask_id)
-        keep = state.pop_finished()
-        if keep is not None:
-            plans = [plans[i] for i in keep.tolist()]
-            runner.select_rows(keep)
-            if cache is not None:
-                cache = cache.select_rows(keep)
+        keep_rows(state.pop_finished())
+        yield
     return {"forward_seconds": runner.forward_seconds, "forwards": runner.forwards, "steps": steps}

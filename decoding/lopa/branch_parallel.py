@@ -335,6 +335,12 @@ class BranchParallelExecutor:
     def diffusion_generation_config(self) -> DiffusionGenerationConfig:
         return self.model.diffusion_generation_config
 
+    @property
+    def branch_factory(self):
+        """What ``generate(branch_executor=...)`` and ``DecodeSession(branch_executor=...)`` take to evaluate
+        LoPA branches on the ranks (None without other ranks). One batch at a time may use it."""
+        return None if self._comm is None else self._factory
+
     def _factory(self, model, *, groups, key_valid, settings, generator, cfg):
         _check_settings(settings)
         return _DistributedRounds(self._comm, model, groups=groups, key_valid=key_valid, settings=settings)

@@ -60,16 +60,16 @@ def _adopt(state: DecodeState, xc: torch.Tensor, start: int, width: int, winners
 
 
 
-def decode_lopa(model, state: DecodeState, gen: torch.Generator | None, *, executor=None) -> dict:
+def decode_lopa(model, state: DecodeState, gen: torch.Generator | None, *, executor=None):
     """``executor``: the factory of the branch executor (:func:`~dllm.decoding.lopa.slots.local_executor`'s
     signature; a :class:`~dllm.decoding.lopa.branch_parallel.BranchParallelExecutor` passes its own)."""
     factory = executor or local_executor
     if model.is_block_causal:
-        return _decode_block_causal(model, state, gen, factory)
-    return _decode_semi_ar(model, state, gen, factory)
+        return (yield from _decode_block_causal(model, state, gen, factory))
+    return (yield from _decode_semi_ar(model, state, gen, factory))
 
 
-def _decode_block_causal(model, state: DecodeState, gen, factory) -> dict:
+def _decode_block_causal(model, state: DecodeState, gen, factory):
     cfg = state.cfg
     K = cfg.lopa_branches
     G = K + 1
@@ -189,12 +189,13 @@ def _decode_block_causal(model, state: DecodeState, gen, factory) -> dict:
                 looks = [[(start + o, t, c) for o, t, c in row] for row in top_lookaheads(rank, x0, cand, K)]
             else:
                 looks = [[] for _ in plans]
+            yield
     finally:
         ex.close()
     return books.stats(ex, K)
 
 
-def _decode_semi_ar(model, state: DecodeState, gen, factory) -> dict:
+def _decode_semi_ar(model, state: DecodeState, gen, factory):
     cfg = state.cfg  # refresh_interval is rejected up front by registry.check_compatible
     K = cfg.lopa_branches
     G = K + 1
@@ -265,6 +266,7 @@ def _decode_semi_ar(model, state: DecodeState, gen, factory) -> dict:
                     looks = [[(s + o, t, c) for o, t, c in row] for row in found]
                 else:
                     looks = [[] for _ in range(state.live)]
+                yield
     finally:
         ex.close()
     return books.stats(ex, K)

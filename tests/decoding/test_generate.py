@@ -293,15 +293,29 @@ def test_batch_streamer_rows_and_cancellation(model, bc_model, strategy):
         assert streamer.tokens[r] == (gen[: n - 1] if gen[n - 1] == EOS else gen[:n])
         assert streamer.finished[r] == out.finish_reason[r]
 
-    class CancelSecond(CollectingBatchStreamer):
-        def cancelled_rows(self):
-            return {1} if self.chunks.get(1, 0) >= 1 else set()
+    from dllm.decoding import DecodeSession
 
-    c = CancelSecond()
-    out2 = _gen(m, ids, attention_mask=mask, strategy=strategy, threshold=0.7, skip_threshold=0.7, streamer=c)
+    # the owner cancels row 1 between steps, once it has streamed something: it ends at the next commit
+    c = CollectingBatchStreamer()
+    session = DecodeSession(m, m.diffusion_generation_config.replace(
+        strategy=strategy, threshold=0.7, skip_threshold=0.7, max_new_tokens=G, block_length=B,
+        return_dict_in_generate=True), streamer=c)
+    session.add_rows(ids, mask)
+    while session.step():
+        if c.chunks.get(1, 0) >= 1:
+            session.cancel(1)
+    out2 = session.output()
     assert out2.finish_reason[1] == "cancelled" and c.finished[1] == "cancelled"
     assert int(out2.num_forwards[1]) < int(out.num_forwards[1])
     assert torch.equal(out2.sequences[0], out.sequences[0])  # the other row is unaffected
+
+    # a stopping criterion ends row 1 in the very commit that gave it its first tokens
+    c3 = CollectingBatchStreamer()
+    session = DecodeSession(m, session.cfg, streamer=c3, criteria=[lambda rows: [r for r in rows if c3.chunks.get(r)]])
+    session.add_rows(ids, mask)
+    out3 = session.run()
+    assert all(c3.chunks[r] == 1 for r in range(2)) and out3.finish_reason == ["stop", "stop"]
+    assert int(out3.num_forwards[1]) <= int(out2.num_forwards[1])
 
 
 @pytest.mark.parametrize("strategy", ["threshold", "vanilla", "entropy"])

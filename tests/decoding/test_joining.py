@@ -1,11 +1,15 @@
-"""Continuous batching: rows that join a running decode loop decode exactly as when they run alone."""
+"""Continuous batching: rows added to a running DecodeSession decode exactly as when they run alone."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from dllm.decoding.joining import may_join, supports_joining
+from dllm.decoding import DecodeSession, get_strategy
+from dllm.decoding.errors import GenerationConfigError
+from dllm.decoding.joining import may_join
 from dllm.decoding.streaming import CollectingBatchStreamer
 from dllm.generation import DiffusionGenerationConfig
 from dllm.testing import EOS, PAD, tiny_dream, tiny_llada
@@ -43,30 +47,11 @@ def _ids(n: int, seed: int) -> list[int]:
     return torch.randint(0, 60, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-class Joiner(CollectingBatchStreamer):
-    """Admits scripted prompts at given polls (1-based); records where rows joined."""
-
-    joins_rows = True
-
-    def __init__(self, schedule: dict[int, list[list[int]]]) -> None:
-        super().__init__()
-        self.schedule = schedule
-        self.polls = 0
-        self.joined_at: list[tuple[int, int, int]] = []  # (poll, first_row, live_rows)
-
-    def admit_rows(self, first_row: int, live_rows: int) -> list[list[int]]:
-        self.polls += 1
-        prompts = self.schedule.get(self.polls, [])
-        if prompts:
-            self.joined_at.append((self.polls, first_row, live_rows))
-        return prompts
-
-
 INITIAL = [_ids(5, 1), _ids(9, 2)]
-# poll 2: one row; poll 3: a prompt longer than the batch's (the canvas grows on the left) and a short
-# one; poll 6: one more, after the first rows are gone (the canvas is trimmed on the left).
-SCHEDULE = {2: [_ids(7, 3)], 3: [_ids(12, 4), _ids(3, 5)], 6: [_ids(6, 6)]}
-JOINED = [p for k in sorted(SCHEDULE) for p in SCHEDULE[k]]
+# after step 1: one row; after step 2: a prompt longer than the batch's (the canvas grows on the left) and
+# a short one; once the first two rows are gone: one more (the canvas is trimmed on the left).
+EARLY = {1: [_ids(7, 3)], 2: [_ids(12, 4), _ids(3, 5)]}
+LATE = [_ids(6, 6)]
 
 CASES = [
     ("threshold", "none", "bidirectional"), ("threshold", "prefix", "bidirectional"),
@@ -75,6 +60,11 @@ CASES = [
     ("d2f", "none", "block_causal"), ("d2f", "none", "eos_block_causal"),
     ("threshold", "prefix", "dream"), ("entropy", "dual", "dream"),  # logit shift, GQA
 ]
+
+
+def _session(m, kw, streamer=None, **session_kw) -> DecodeSession:
+    cfg = m.diffusion_generation_config.replace(**kw)
+    return DecodeSession(m, cfg, streamer=streamer, joinable=True, **session_kw)
 
 
 @pytest.mark.parametrize("strategy,cache,which", CASES)
@@ -86,15 +76,29 @@ def test_joined_rows_equal_their_single_runs(model, bc_model, eos_bc_model, drea
           "skip_threshold": 0.6, "stop_at_eos": stop_at_eos, "return_dict_in_generate": True}
     if which == "eos_block_causal":
         kw.update(block_add_threshold=0.25, decoded_token_threshold=0.5)  # several blocks in flight per row
-    assert supports_joining(m, DiffusionGenerationConfig(**{k: v for k, v in kw.items() if k != "return_dict_in_generate"}))
+    assert get_strategy(strategy).joins_rows
+    streamer = CollectingBatchStreamer()
+    session = _session(m, kw, streamer)
     ids, mask = left_pad(INITIAL, PAD)
-    streamer = Joiner(SCHEDULE)
-    out = m.generate(ids, attention_mask=mask, streamer=streamer, **kw)
-    # every scripted row joined, mid-call, and got the next row indices in order
-    assert [(p, first) for p, first, _ in streamer.joined_at] == [(2, 2), (3, 3), (6, 5)]
-    if not (stop_at_eos and which == "eos_block_causal"):  # there, rows may all be gone already
-        assert all(live > 0 for _, _, live in streamer.joined_at[:2])
-    prompts = INITIAL + JOINED
+    assert session.add_rows(ids, mask) == range(0, 2)
+    added, joined, steps, late = [], [], 0, False
+    while session.step():
+        steps += 1
+        if session.finished():  # every row left (EOS) and none was waiting: the batch has ended
+            break
+        if steps in EARLY:
+            added.append((session.add_rows(EARLY[steps]).start, session.live))
+            joined += EARLY[steps]
+        elif not late and 0 in streamer.finished and 1 in streamer.finished and session.live:
+            added.append((session.add_rows(LATE).start, session.live))
+            joined += LATE
+            late = True
+    # every row joined mid-call and got the next row indices in order
+    assert [first for first, _ in added] == [2, 3, 5][: len(added)]
+    if not (stop_at_eos and which == "eos_block_causal"):  # there, every row may be gone already
+        assert late and all(live > 0 for _, live in added)
+    out = session.output()
+    prompts = INITIAL + joined
     assert out.sequences.shape == (len(prompts), max(map(len, prompts)) + G)
     assert len(out.finish_reason) == len(prompts) == len(out.num_forwards)
     for i, p in enumerate(prompts):
@@ -112,102 +116,113 @@ def test_joined_rows_equal_their_single_runs(model, bc_model, eos_bc_model, drea
         assert "stop" in out.finish_reason  # rows did leave early
 
 
-def test_joins_also_refill_an_emptied_call(bc_model):
-    """All rows finished: the loop asks once more and keeps going with the rows that join."""
+def test_rows_with_their_own_thresholds_share_forwards_and_equal_their_single_runs(model, bc_model):
+    for m, strategy, name in ((model, "threshold", "threshold"), (bc_model, "d2f", "skip_threshold")):
+        kw = {"max_new_tokens": G, "block_length": B, "strategy": strategy, "return_dict_in_generate": True}
+        taus = [0.5, 0.9, 0.7]
+        prompts = [_ids(5, 1), _ids(9, 2), _ids(7, 3)]
+        session = _session(m, kw)
+        session.add_rows(prompts[:2], **{name: taus[:2]})
+        session.step()
+        session.add_rows(prompts[2:], **{name: taus[2]})
+        out = session.run()
+        forwards = session.forwards
+        for i, (p, tau) in enumerate(zip(prompts, taus)):
+            single = m.generate(torch.tensor([p]), **kw, **{name: tau})
+            assert torch.equal(out.sequences[i, -G:], single.sequences[0, -G:]), (strategy, i)
+            assert int(out.num_forwards[i]) == int(single.num_forwards[0])
+        assert forwards < int(out.num_forwards.sum())  # rows shared forwards
+    with pytest.raises(GenerationConfigError, match="per row"):
+        _session(model, {"strategy": "threshold"}).add_rows([[1, 2]], skip_threshold=0.5)
+    with pytest.raises(GenerationConfigError, match="threshold"):
+        _session(model, {"strategy": "threshold"}).add_rows([[1, 2]], threshold=float("nan"))
+
+
+def test_a_session_that_has_drained_takes_no_more_rows(bc_model):
+    """The last row left: the session is finished; new rows go to a new session."""
     kw = {"max_new_tokens": 8, "block_length": B, "strategy": "d2f", "skip_threshold": 0.6, "stop_at_eos": False,
           "return_dict_in_generate": True}
-
-    class Later(Joiner):
-        def admit_rows(self, first_row, live_rows):
-            self.polls += 1
-            if live_rows == 0 and first_row == 1:
-                self.joined_at.append((self.polls, first_row, live_rows))
-                return [_ids(6, 9)]
-            return []
-
-    streamer = Later({})
-    out = bc_model.generate(torch.tensor([_ids(4, 8)]), streamer=streamer, **kw)
-    assert len(streamer.joined_at) == 1 and out.sequences.shape[0] == 2
-    single = bc_model.generate(torch.tensor([_ids(6, 9)]), **kw)
-    assert torch.equal(out.sequences[1, -8:], single.sequences[0, -8:])
-    assert int(out.num_forwards[1]) == int(single.num_forwards[0])
+    session = _session(bc_model, kw)
+    session.add_rows([_ids(4, 8)])
+    out = session.run()
+    assert out.sequences.shape[0] == 1 and session.finished()
+    with pytest.raises(GenerationConfigError, match="finished"):
+        session.add_rows([_ids(6, 9)])
 
 
 @pytest.mark.parametrize("strategy,extra", [("lopa", {}), ("d3llm", {}), ("vanilla", {"cfg_scale": 1.0})])
-def test_strategies_without_joining_never_poll(model, strategy, extra):
+def test_strategies_without_joining_refuse_rows_once_running(model, strategy, extra):
     cfg = DiffusionGenerationConfig(strategy=strategy, max_new_tokens=8, block_length=B, **extra)
-    assert not supports_joining(model, cfg)
-    streamer = Joiner({1: [_ids(3, 1)], 2: [_ids(3, 1)]})
-    out = model.generate(torch.tensor([_ids(5, 2)]), generation_config=cfg.replace(return_dict_in_generate=True),
-                         streamer=streamer)
-    assert streamer.polls == 0 and out.sequences.shape[0] == 1
+    session = DecodeSession(model, cfg, joinable=True)
+    assert not session.joinable
+    session.add_rows([_ids(5, 2)])
+    session.add_rows([_ids(3, 1)])  # before the first step: part of the first batch
+    session.step()
+    with pytest.raises(GenerationConfigError, match="does not take rows into a running batch"):
+        session.add_rows([_ids(3, 1)])
+    session.run()
+    assert session.output().sequences.shape[0] == 2
 
 
 def test_may_join_bounds_the_spread_of_the_live_windows():
-    class Bounded(CollectingBatchStreamer):
-        join_max_spread_blocks = 2
+    def state(live, bound):
+        return SimpleNamespace(live=live, join_max_spread_blocks=bound)
 
-    s = Bounded()
-    assert may_join(s, place_at=10, window_end=10 + 2 * B, live=3, block=B)
-    assert not may_join(s, place_at=10, window_end=10 + 2 * B + 1, live=3, block=B)
-    assert may_join(s, place_at=10, window_end=10 + 9 * B, live=0, block=B)  # an emptied call always takes rows
-    assert may_join(CollectingBatchStreamer(), place_at=0, window_end=99 * B, live=5, block=B)  # no bound
-    assert may_join(None, place_at=0, window_end=99 * B, live=5, block=B)
+    assert may_join(state(3, 2), place_at=10, window_end=10 + 2 * B, block=B)
+    assert not may_join(state(3, 2), place_at=10, window_end=10 + 2 * B + 1, block=B)
+    assert may_join(state(0, 2), place_at=10, window_end=10 + 9 * B, block=B)  # an emptied call always takes rows
+    assert may_join(state(5, None), place_at=0, window_end=99 * B, block=B)  # no bound
 
 
 @pytest.mark.parametrize("bound", [1, 2])
-def test_d2f_with_a_spread_bound_polls_only_inside_it_and_joined_rows_equal_single_runs(eos_bc_model, bound):
+def test_d2f_with_a_spread_bound_places_rows_only_inside_it_and_joined_rows_equal_single_runs(eos_bc_model, bound):
     """The admission bound delays joins (never while the windows spread wider) and keeps joins exact."""
     kw = {"max_new_tokens": G, "block_length": B, "strategy": "d2f", "skip_threshold": 0.6,
-          "block_add_threshold": 0.25, "decoded_token_threshold": 0.5, "return_dict_in_generate": True}
-    seen: list[tuple[int, int]] = []  # (live rows, spread in slots) at every poll
-    refused: list[tuple[int, int]] = []  # ... where the bound skipped the poll
-
-    class BoundedJoiner(Joiner):
-        join_max_spread_blocks = bound
-
-        def admit_rows(self, first_row, live_rows):
-            self.polls += 1
-            if self.polls > 1 and live_rows and not self.joined_at and first_row == 2:
-                self.joined_at.append((self.polls, first_row, live_rows))
-                return [_ids(7, 3), _ids(11, 4)]
-            return []
+          "block_add_threshold": 0.25, "decoded_token_threshold": 0.5, "return_dict_in_generate": True,
+          "stop_at_eos": False}
+    calls: list[tuple[bool, bool, int, int]] = []  # (allowed, rows waiting, live rows, spread in slots)
 
     from dllm.decoding.loops import pipeline
 
     real = pipeline.may_join
 
-    def spy(streamer, *, place_at, window_end, live, block):
-        ok = real(streamer, place_at=place_at, window_end=window_end, live=live, block=block)
-        (seen if ok else refused).append((live, window_end - place_at))
+    def spy(state, *, place_at, window_end, block):
+        ok = real(state, place_at=place_at, window_end=window_end, block=block)
+        calls.append((ok, bool(state.incoming), state.live, window_end - place_at))
         return ok
 
     pipeline.may_join = spy
     try:
+        session = _session(eos_bc_model, kw, join_max_spread_blocks=bound)
         ids, mask = left_pad(INITIAL, PAD)
-        streamer = BoundedJoiner({})
-        out = eos_bc_model.generate(ids, attention_mask=mask, streamer=streamer, stop_at_eos=False, **kw)
+        session.add_rows(ids, mask)
+        added = False
+        while session.step():
+            if not added and calls and not calls[-1][0]:  # the windows spread too wide right now: add rows
+                session.add_rows([_ids(7, 3), _ids(11, 4)])
+                added = True
+        out = session.output()
     finally:
         pipeline.may_join = real
-    assert streamer.polls == len(seen) > 0
-    assert all(live == 0 or spread <= bound * B for live, spread in seen)
-    assert refused and all(live > 0 and spread > bound * B for live, spread in refused)  # the bound did bite
-    assert len(streamer.joined_at) == 1 and out.sequences.shape[0] == 4
+    assert added
+    assert any(not ok for ok, *_ in calls)  # the bound did bite
+    assert all(live > 0 and spread > bound * B for ok, _, live, spread in calls if not ok)
+    assert all(live == 0 or spread <= bound * B for ok, _, live, spread in calls if ok)  # rows placed only inside it
+    assert sum(ok and waiting for ok, waiting, *_ in calls) == 1
+    assert out.sequences.shape[0] == 4
     for i, p in enumerate(INITIAL + [_ids(7, 3), _ids(11, 4)]):
-        single = eos_bc_model.generate(torch.tensor([p]), stop_at_eos=False, **kw)
+        single = eos_bc_model.generate(torch.tensor([p]), **kw)
         assert torch.equal(out.sequences[i, -G:], single.sequences[0, -G:]), i
         assert int(out.num_forwards[i]) == int(single.num_forwards[0]), i
 
 
-def test_a_streamer_that_does_not_join_rows_is_never_polled(bc_model):
-    """joins_rows False (the default, and the server without --join): the loops stay in plain mode."""
+def test_a_session_that_is_not_joinable_runs_as_a_plain_batch(bc_model):
     kw = {"max_new_tokens": G, "block_length": B, "strategy": "d2f", "skip_threshold": 0.6, "stop_at_eos": False,
           "return_dict_in_generate": True}
-
-    class Passive(Joiner):
-        joins_rows = False
-
-    s = Passive({1: [_ids(5, 9)]})
-    out = bc_model.generate(torch.tensor([_ids(7, 3)]), streamer=s, **kw)
-    assert s.polls == 0 and out.sequences.shape[0] == 1
+    session = DecodeSession(bc_model, bc_model.diffusion_generation_config.replace(**kw))
+    session.add_rows(torch.tensor([_ids(7, 3)]))
+    session.step()
+    with pytest.raises(GenerationConfigError, match="running batch"):
+        session.add_rows([_ids(5, 9)])
+    out = session.run()
     assert torch.equal(out.sequences, bc_model.generate(torch.tensor([_ids(7, 3)]), **kw).sequences)

@@ -1,4 +1,4 @@
-"""The engine with a scripted ``generate``: grouping, early finish, cancellation, isolation, errors."""
+"""The engine with scripted sessions: grouping, early finish, cancellation, isolation, errors."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ CFG = DiffusionGenerationConfig(max_new_tokens=16, block_length=8)
 
 
 class Scripted:
-    """A fake ``generate``: each row commits one token per step and ends at its scripted step."""
+    """A fake session factory: each row commits one token per step and ends at its scripted step."""
 
     def __init__(self, ends: dict[int, int] | None = None, steps: int = 12, delay: float = 0.01, fail=None,
                  end_reason: str = "stop"):
@@ -30,41 +30,81 @@ class Scripted:
         self.steps = steps
         self.delay = delay
         self.fail = fail
-        self.calls: list[int] = []
+        self.calls: list[int] = []  # rows of each session, at its first step
+        self.values: list[dict] = []  # the per-row options of each session
         self.cancel_seen: list[set[int]] = []
 
-    def __call__(self, ids, attention_mask=None, generation_config=None, streamer=None, tokenizer=None):
-        rows = ids.shape[0]
-        self.calls.append(rows)
-        if self.fail is not None:
-            raise self.fail
-        live, nfe, reason = set(range(rows)), [0] * rows, ["length"] * rows
-        for step in range(1, self.steps + 1):
-            for r in sorted(live):
-                nfe[r] += 1
-                streamer.put_row(r, [WORD])
-            cancelled = streamer.cancelled_rows() & live
-            self.cancel_seen.append(cancelled)
-            for r in sorted(live):
-                if r in cancelled:
-                    reason[r] = "cancelled"
-                elif self.ends.get(r) == step:
-                    reason[r] = self.end_reason
-                else:
-                    continue
-                live.discard(r)
-                streamer.end_row(r, reason[r])
-            if not live:
-                break
-            time.sleep(self.delay)
-        for r in sorted(live):
-            streamer.end_row(r, "length")
-        return SimpleNamespace(num_forwards=torch.tensor(nfe), finish_reason=reason)
+    def __call__(self, cfg, *, streamer, criteria, joinable, branches):
+        return _Session(self, streamer, criteria)
+
+
+class _Session:
+    joinable = False
+
+    def __init__(self, script: Scripted, streamer, criteria) -> None:
+        self.script, self.streamer, self.criteria = script, streamer, criteria
+        self.steps = script.steps  # fixed when the session starts
+        self.n, self.step_no, self.done = 0, 0, False
+        self.cancelled: set[int] = set()
+        self.values: dict[str, list] = {}
+
+    def add_rows(self, prompts, **values):
+        first, self.n = self.n, self.n + len(prompts)
+        for k, v in values.items():
+            self.values.setdefault(k, []).extend(v)
+        return range(first, self.n)
+
+    def cancel(self, row):
+        self.cancelled.add(row)
+
+    @property
+    def live(self):
+        return len(self.alive) if self.step_no else self.n
+
+    def finished(self):
+        return self.done
+
+    def step(self):
+        s = self.script
+        if self.step_no == 0:
+            s.calls.append(self.n)
+            s.values.append(self.values)
+            if s.fail is not None:
+                raise s.fail
+            self.alive, self.nfe, self.reason = set(range(self.n)), [0] * self.n, ["length"] * self.n
+        if self.done or not self.alive:
+            self.done = True
+            return False
+        self.step_no += 1
+        for r in sorted(self.alive):
+            self.nfe[r] += 1
+            self.streamer.put_row(r, [WORD])
+        stopped = {r for c in self.criteria for r in c(sorted(self.alive))}
+        cancelled = self.cancelled & self.alive
+        s.cancel_seen.append(cancelled)
+        for r in sorted(self.alive):
+            if r in cancelled:
+                self.reason[r] = "cancelled"
+            elif r in stopped:
+                self.reason[r] = "stop"
+            elif s.ends.get(r) == self.step_no:
+                self.reason[r] = s.end_reason
+            elif self.step_no >= self.steps:
+                self.reason[r] = "length"
+            else:
+                continue
+            self.alive.discard(r)
+            self.streamer.end_row(r, self.reason[r], num_forwards=self.nfe[r])
+        time.sleep(s.delay)
+        return True
+
+    def output(self):
+        return SimpleNamespace(num_forwards=torch.tensor(self.nfe), finish_reason=self.reason, timings={})
 
 
 def _engine(fake, **kw) -> Engine:
     kw.setdefault("batch_wait_ms", 5)
-    e = Engine(None, TOK, generate_fn=fake, **kw)
+    e = Engine(None, TOK, session_factory=fake, **kw)
     e.start()
     return e
 
@@ -103,14 +143,17 @@ def test_different_settings_and_seeded_sampling_run_apart():
         try:
             sampled = CFG.replace(temperature=0.7)
             reqs = [e.submit([[5]], n=2, cfg=CFG, max_tokens=8),
-                    e.submit([[6]], n=1, cfg=CFG.replace(threshold=0.5), max_tokens=8),
+                    e.submit([[6]], n=1, cfg=CFG.replace(threshold=0.5), max_tokens=8),  # a per-row option
                     e.submit([[7]], n=1, cfg=CFG, max_tokens=4),
+                    e.submit([[7]], n=1, cfg=CFG.replace(block_length=4), max_tokens=4),
                     e.submit([[8]], n=1, cfg=sampled.replace(seed=1), max_tokens=8, isolated=True),
                     e.submit([[9]], n=1, cfg=sampled.replace(seed=1), max_tokens=8, isolated=True)]
             await asyncio.gather(*[_drain(r) for r in reqs])
         finally:
             e.stop()
-        assert sorted(fake.calls) == [1, 1, 1, 3]  # {req0 x2, req2}, {req1}, {req3}, {req4}
+        assert sorted(fake.calls) == [1, 1, 1, 4]  # {req0 x2, req1, req2}, {req3}, {req4}, {req5}
+        shared = next(v for n, v in zip(fake.calls, fake.values) if n == 4)
+        assert shared == {"threshold": [CFG.threshold, CFG.threshold, 0.5, CFG.threshold]}
 
     asyncio.run(main())
 
@@ -133,7 +176,7 @@ def test_caps_stop_strings_and_cancellation_end_rows_in_the_loop():
         assert reasons == {0: "length"} and capped.rows[0].text.text == "cat cat cat"
         assert stopped.rows[0].finish_reason == "stop" and stopped.rows[0].text.text == "cat"
         assert gone.rows[0].finish_reason == "cancelled"
-        assert any(2 in c for c in fake.cancel_seen)  # the loop was told to drop the abandoned row
+        assert any(2 in c for c in fake.cancel_seen)  # the session was told to drop the abandoned row
 
     asyncio.run(main())
 
@@ -177,7 +220,7 @@ def test_queue_full_and_errors():
                 assert evs[-1].kind == "error" and evs[-1].error.status == 400
         finally:
             bad.stop()
-        assert bad.batches == 3  # the batch failed before decoding anything: retried one request at a time
+        assert bad.batches == 3  # the session failed before decoding anything: retried one request at a time
 
     asyncio.run(main())
 
@@ -193,3 +236,35 @@ def test_retry_after_follows_the_queue_and_the_batch_time():
     assert clock.retry_after(queued_rows=10_000, max_batch_size=8) == 60  # capped
     clock.add(1.0)
     assert clock.seconds == pytest.approx(1.8)
+
+
+def test_a_small_request_is_not_stuck_behind_a_long_one():
+    """Sessions take turns step by step: a short request's first token, while a long request with other
+    settings decodes, comes within one step of the long one after its first token when alone."""
+    step = 0.05
+
+    async def ttft(e, cfg):
+        t0 = time.perf_counter()
+        events = await _drain(e.submit([[5]], n=1, cfg=cfg, max_tokens=64))
+        return next(t for k, _, t in events if k == "delta") - t0
+
+    async def main():
+        fake = Scripted(steps=200, delay=step)
+        e = _engine(fake, max_batch_size=8)
+        try:
+            small = CFG.replace(block_length=4)
+            fake.steps = 3
+            alone = await ttft(e, small)
+            fake.steps = 200
+            long = e.submit([[6]], n=1, cfg=CFG, max_tokens=64)
+            await asyncio.sleep(3 * step)  # the long session is running
+            fake.steps = 3
+            beside = await ttft(e, small)
+            assert any(long in run.requests and not run.batch.finished() for run in e._running)  # still decoding
+            long.cancel()
+        finally:
+            e.stop()
+        return alone, beside
+
+    alone, beside = asyncio.run(main())
+    assert beside <= alone + step + 0.1, (alone, beside)  # without turns it would wait ~200 steps (10 s)

@@ -106,7 +106,7 @@ def test_fuzzed_raw_bytes_never_5xx(client, raw, chat):
 @pytest.mark.parametrize("number", ["1e999", "-1e999", "NaN", "Infinity"])
 def test_non_finite_numbers_are_400_naming_the_field(client, field, number):
     """JSON has no NaN or Infinity, and 1e999 parses to infinity: each is refused before any work runs."""
-    raw = '{"model": "%s", "prompt": "hi", "max_tokens": 4, "%s": %s}' % (MODEL, field, number)
+    raw = f'{{"model": "{MODEL}", "prompt": "hi", "max_tokens": 4, "{field}": {number}}}'
     r = client.post("/v1/completions", content=raw.encode(), headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     err = r.json()["error"]

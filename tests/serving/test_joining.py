@@ -1,4 +1,4 @@
-"""Continuous batching in the server: a request that arrives mid-call joins the running ``generate``."""
+"""Continuous batching in the server: a request that arrives mid-call joins the running batch."""
 
 from __future__ import annotations
 
@@ -71,56 +71,86 @@ def test_request_arriving_mid_call_joins_it_and_streams_before_the_first_ends(se
         assert text_a and text_b
 
 
-def test_admission_keeps_arrival_order_batch_size_and_isolation():
+class _Open:
+    """A running batch that takes every row (the scheduler's view of one)."""
+
+    joinable, live = True, 0
+
+    def __init__(self, *a, **k):
+        self.prompts = []
+
+    def add_rows(self, prompts, **values):
+        first = len(self.prompts)
+        self.prompts += prompts
+        return range(first, len(self.prompts))
+
+    def finished(self):
+        return False
+
+
+def _admit(engine, at: float) -> None:
+    with engine._cond:
+        engine._admit(at)
+
+
+def test_admission_joins_in_arrival_order_within_the_batch_size_and_starts_other_settings_apart():
     from dllm.generation import DiffusionGenerationConfig
-    from dllm.serving.engine import Engine, _Streamer
+    from dllm.serving.engine import Engine
     from dllm.serving.testing import WORDS
     from dllm.tokenization import build_tokenizer
 
     cfg = DiffusionGenerationConfig(max_new_tokens=16, block_length=8)
-    other = cfg.replace(threshold=0.5)
+    other = cfg.replace(block_length=4)
 
     async def main():
-        e = Engine(None, build_tokenizer([WORDS]), generate_fn=lambda *a, **k: None, max_batch_size=4, join=True)  # not started
+        e = Engine(None, build_tokenizer([WORDS]), session_factory=lambda *a, **k: _Open(), max_batch_size=4,
+                   join=True)  # not started: the test calls the scheduler
         running = e.submit([[4]], n=1, cfg=cfg, max_tokens=8)
-        e._pending.remove(running)  # as if its call were running
+        t0 = time.monotonic()
+        _admit(e, t0 + 1)  # past every wait: the first session starts
+        assert len(e._running) == 1
         a = e.submit([[5], [6]], n=1, cfg=cfg, max_tokens=8)  # 2 rows
-        b = e.submit([[7]], n=1, cfg=cfg, max_tokens=16)  # same config (same canvas)
+        b = e.submit([[7]], n=1, cfg=cfg.replace(threshold=0.5), max_tokens=16)  # a per-row option: same session
         c = e.submit([[8]], n=1, cfg=other, max_tokens=8)
         d = e.submit([[9]], n=1, cfg=cfg, max_tokens=8)
-        assert e._admit((cfg, 1234), live_rows=1) == []  # an isolated call takes nobody
-        streamer = _Streamer(e, list(running.rows), [running])
-        assert streamer.admit_rows(first_row=1, live_rows=1) == [[5], [6], [7]]  # 1 + 2 + 1 rows fit in 4
-        assert streamer.rows[1:] == a.rows + b.rows and streamer.requests == [running, a, b]
-        assert streamer.admit_rows(first_row=4, live_rows=3) == []  # c is next and has other settings: d waits
-        assert e._admit((other, None), live_rows=3) == [c]
-        assert e._admit((cfg, None), live_rows=4) == []  # full
-        assert streamer.admit_rows(first_row=2, live_rows=0) == []  # a decoder that numbers rows differently
-        assert e._admit((cfg, None), live_rows=0) == [d] and e.queue_depth == 0
+        iso = e.submit([[3]], n=1, cfg=cfg, max_tokens=8, isolated=True)  # seeded sampling: a session of its own
+        now = time.monotonic()
+        _admit(e, now)
+        run = e._running[0]
+        assert run.requests == [running, a, b] and run.batch.prompts == [[4], [5], [6], [7]]  # 1 + 2 + 1 rows
+        assert e._pending == [c, d, iso]  # c waits batch_wait for company, and nothing overtakes it
+        _admit(e, now + e.batch_wait + 1e-3)
+        assert [r.requests for r in e._running[1:]] == [[c]]
+        assert e._pending == [d, iso]  # d has the settings of a full running batch: it waits for it...
+        _admit(e, now + e.max_wait + 1e-3)
+        assert [r.requests for r in e._running[2:]] == [[d], [iso]]  # ... at most max_wait
+        assert e.queue_depth == 0
 
     asyncio.run(main())
 
 
-def test_no_join_engine_admits_nothing_and_passes_the_spread_bound_to_the_decoder():
+def test_no_join_engine_admits_nothing_and_passes_the_spread_bound_to_the_session():
     from dllm.generation import DiffusionGenerationConfig
-    from dllm.serving.engine import Engine, _Streamer
+    from dllm.serving.engine import Engine
     from dllm.serving.settings import ServerSettings
     from dllm.serving.testing import WORDS
+    from dllm.testing import tiny_llada
     from dllm.tokenization import build_tokenizer
 
     cfg = DiffusionGenerationConfig(max_new_tokens=16, block_length=8)
 
     async def main():
         tok = build_tokenizer([WORDS])
-        off = Engine(None, tok, generate_fn=lambda *a, **k: None, join=False)  # not started
-        running = off.submit([[4]], n=1, cfg=cfg, max_tokens=8)
-        off._pending.remove(running)
+        off = Engine(None, tok, session_factory=lambda *a, **k: _Open(), join=False)  # not started
+        off.submit([[4]], n=1, cfg=cfg, max_tokens=8)
+        _admit(off, time.monotonic() + 1)
         waiting = off.submit([[5]], n=1, cfg=cfg, max_tokens=8)
-        assert _Streamer(off, list(running.rows), [running]).admit_rows(first_row=1, live_rows=1) == []
-        assert off._pending == [waiting]  # it runs in the next call instead
-        on = Engine(None, tok, generate_fn=lambda *a, **k: None, join=True, join_max_spread_blocks=2.0)
-        streamer = _Streamer(on, [], [on.submit([[4]], n=1, cfg=cfg, max_tokens=8)])
-        assert streamer.join_max_spread_blocks == 2.0  # read by decoding.joining.may_join
+        _admit(off, time.monotonic())
+        assert off._pending == [waiting] and off._running[0].batch.prompts == [[4]]  # it runs apart later
+        on = Engine(tiny_llada(), tok, join=True, join_max_spread_blocks=2.0)
+        session = on._new_session(cfg.replace(strategy="threshold"), streamer=None, criteria=[], joinable=True,
+                                  branches=False)
+        assert session.joinable and session.join_max_spread_blocks == 2.0  # read by decoding.joining.may_join
 
     asyncio.run(main())
     assert not ServerSettings().join and ServerSettings().join_max_spread == 2.0  # joining is opt-in

@@ -60,7 +60,7 @@ def _gone(procs: list[psutil.Process], timeout: float = 15) -> bool:
 
 
 def test_sigterm_drains_running_requests_and_answers_queued_ones_503(ckpt):
-    proc, url = _start(ckpt, "--max-batch-size", "1", "--drain-timeout", "30")
+    proc, url = _start(ckpt, "--max-batch-size", "1", "--max-batches", "1", "--drain-timeout", "30")
     try:
         _wait_ready(proc, url)
         children = _children(proc)
@@ -77,7 +77,7 @@ def test_sigterm_drains_running_requests_and_answers_queued_ones_503(ckpt):
         time.sleep(0.5)  # it decodes one token per forward: seconds of work
         queued = threading.Thread(target=post, args=("queued",))
         queued.start()
-        time.sleep(0.3)  # batches of one row: this one waits in the queue
+        time.sleep(0.3)  # one batch of one row at a time: this one waits in the queue
         proc.send_signal(signal.SIGTERM)
         queued.join(30)
         q = results["queued"]

@@ -1,0 +1,138 @@
+"""Fast-dLLM v2's decoder (strategy ``fast_dllm_v2``): ``v2/generation_functions.py: batch_sample``.
+
+The model's own blocks (``bd_size``, counted from position 0; ``decoding.loops.block_grid``) are
+decoded left to right, each in sub-blocks of ``sub_block_length`` (the reference's
+``small_block_size``) taken in order. While a sub-block has masks, one forward commits every masked
+slot of it whose probability exceeds ``threshold`` (strictly), and at least its most confident one.
+When a block is complete, one forward over it stores its K/V and reads the next block's first token
+from the block's last position (the logits are shifted, as an autoregressive model's: the argmax of
+that logit, whatever the temperature, as the reference does). A prompt that ends on a block boundary
+gets its first token the same way.
+
+``cache="dual"`` is the reference's ``use_block_cache``: a forward over the whole block keeps the
+block's K/V; while the first slot of the current sub-block is committed, later forwards feed only
+the sub-block, whose fresh K/V replace its slots while the rest of the block keeps the stale ones.
+As in the reference that choice is made for the batch (a full forward as soon as any row's sub-block
+starts with a mask), so with this cache a row's tokens can depend on its batchmates.
+
+Forward counts: every forward above counts for the rows it serves. The reference also spends a
+forward on the complete blocks of a prompt that does not end on a block boundary (its prefill, which
+commits nothing); dllm computes them in the first block's first forward, so it counts one forward
+fewer for such prompts.
+
+Differences from the reference, each outside what it does correctly:
+
+* a prompt of exactly one block is dropped by the reference (no prefill: ``min_len > block_size`` is
+  false, and the first block it decodes has no past); dllm decodes after it;
+* at temperature > 0 the reference draws every row's tokens from row 0's distribution
+  (``multinomial(p_1t[0])``); dllm draws each row from its own;
+* it finishes the block holding the stop token before it stops; dllm stops a row once everything
+  before its EOS is committed (``stop_at_eos=False`` decodes the whole budget);
+* dllm leaves the slots past ``max_new_tokens`` masked (the model sees them as masks), so an
+  answer never depends on tokens it does not return.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dllm.decoding.errors import GenerationConfigError
+from dllm.decoding.loops.block_grid import choose, first_block_starts, windows
+from dllm.decoding.policies import select_best
+from dllm.decoding.runner import LogitRules, ModelRunner
+from dllm.decoding.state import DecodeState
+
+DEFAULT_SUB_BLOCK = 8  # the reference's small_block_size
+
+
+def decode_fast_dllm_v2(model, state: DecodeState, gen: torch.Generator | None):
+    cfg = state.cfg
+    B, P = cfg.block_size, state.P
+    S = min(cfg.sub_block_length or DEFAULT_SUB_BLOCK, B)
+    if B % S:
+        raise GenerationConfigError(f"sub_block_length={S} must divide the block length {B} (the reference "
+                                    "decodes only whole sub-blocks)")
+    dual = cfg.cache == "dual"
+    runner = ModelRunner(model, prompt_length=P, key_valid=state.key_valid,
+                         rules=LogitRules.from_config(cfg, state.mask_id, state.eos_id))
+    cache = model.allocate_cache(state.key_valid, prompt_length=None)  # the model's grid from position 0
+    starts = first_block_starts(state.key_valid, P, B)
+    width = state.x.shape[1]
+    dev = state.x.device
+    budget = P + state.limit  # slots past max_new_tokens stay masks (never committed)
+    cached_end = 0
+
+    def next_token(ends: torch.Tensor, rows_in: torch.Tensor) -> None:
+        """One forward over the rows' finished blocks; commit the logit of slot ``ends[r]`` (the next
+        block's first token) for the rows ``rows_in`` where that slot is still masked."""
+        nonlocal cached_end
+        hi = min(width, int(ends.max()) + 1)
+        logits = runner.cached(state.x, start=cached_end, end=hi, cache=cache, mode="prefix", block_size=B)
+        rows = torch.arange(state.live, device=dev)
+        at = (ends - cached_end).clamp(max=logits.shape[1] - 1)
+        slot_masked = rows_in & (ends < budget) & (state.x[rows, ends.clamp(max=width - 1)] == state.mask_id)
+        token = logits[rows, at].argmax(-1)
+        span = torch.arange(cached_end, hi, device=dev)[None, :]
+        transfer = (span == ends[:, None]) & slot_masked[:, None]
+        state.count_forward(slot_masked)
+        state.commit(cached_end, transfer, token[:, None].expand_as(transfer))
+        cached_end = int(ends.min())  # every row's blocks before `ends` were fed final: exact K/V
+
+    def retire() -> None:
+        nonlocal starts, cache
+        keep = state.pop_finished()
+        if keep is not None:
+            starts = starts[keep]
+            runner.select_rows(keep)
+            cache = cache.select_rows(keep)
+
+    # A prompt that ends on a block boundary: its first token comes from the prompt's last position.
+    if bool((starts == P).any()):
+        next_token(torch.full_like(starts, P), starts == P)
+        retire()
+        yield
+    k = 0
+    while state.live:
+        lo = int(starts.min()) + k * B
+        hi = min(width, int(starts.max()) + (k + 1) * B)
+        if lo >= hi:
+            break
+        cached_end = min(cached_end, lo)
+        built = False  # the block's K/V in the cache (cache="dual")
+        for j in range(B // S):
+            while state.live:
+                sub = windows(starts + k * B + j * S, 0, S, lo, hi) & (torch.arange(lo, hi, device=dev) < budget)[None, :]
+                candidates = state.masked(lo, hi) & sub
+                need = candidates.any(-1)
+                if not bool(need.any()):
+                    break
+                first = (starts + k * B + j * S).clamp(max=width - 1)
+                rows = torch.arange(state.live, device=dev)
+                fresh = not dual or not built or bool((state.x[rows, first] == state.mask_id).any())
+                if fresh:
+                    logits = runner.cached(state.x, start=cached_end, end=hi, cache=cache, mode="prefix",
+                                           block_size=B)[:, lo - cached_end:]
+                    if dual:
+                        cache.length = max(cache.length, hi)  # the block's K/V stay for the sub-block forwards
+                        built = True
+                    cached_end = lo
+                else:  # the sub-block alone against the cached block (its first slot is committed everywhere)
+                    a = int(first.min())
+                    b = min(hi, int((starts + k * B + (j + 1) * S).max()))
+                    part = runner.cached(state.x, start=a + 1, end=b, cache=cache, mode="replace", block_size=B)
+                    logits = torch.zeros((state.live, hi - lo, part.shape[-1]), dtype=part.dtype, device=dev)
+                    logits[:, a + 1 - lo: b - lo] = part
+                state.count_forward(need)
+                x0, conf = choose(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                                  generator=gen)
+                transfer = (candidates & (conf > cfg.threshold)) | select_best(conf, candidates)
+                state.commit(lo, transfer & need[:, None], x0)
+                retire()
+                yield
+        if not state.live:
+            break
+        next_token(starts + (k + 1) * B, torch.ones_like(starts, dtype=torch.bool))
+        retire()
+        yield
+        k += 1
+    return {"forward_seconds": runner.forward_seconds, "forwards": runner.forwards}
