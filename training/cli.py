@@ -1,9 +1,17 @@
 """``dllm train sft|distill|grpo --config RECIPE [key=value ...] [--resume]`` and ``dllm train grpo-report``
-(mounted by ``dllm.cli``; also ``python -m dllm.training.cli``)."""
+(mounted by ``dllm.cli``; also ``python -m dllm.training.cli``).
+
+Exit codes of a training command: 0 finished; 1 training diverged (a NaN/inf loss or gradient); 2 a config,
+data or checkpoint mistake (one ``error:`` line); 74 a write failed (a full disk; EX_IOERR); 75 another
+trainer holds the run folder (EX_TEMPFAIL); 130 / 143 stopped by SIGINT / SIGTERM (128 + the signal's number,
+as shells report a process killed by it), after a checkpoint where the run had started its first step.
+"""
 
 from __future__ import annotations
 
 import os
+import shlex
+import signal
 import sys
 from pathlib import Path
 
@@ -29,6 +37,51 @@ def print_config(cfg) -> None:
     from .config import to_dict
 
     typer.echo(yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
+
+
+EXIT_DIVERGED, EXIT_USAGE, EXIT_WRITE_FAILED, EXIT_LOCKED = 1, 2, 74, 75
+
+
+def signal_exit_code(name: str) -> int:
+    """128 + the signal's number: 130 for SIGINT, 143 for SIGTERM (what a shell shows for a process it killed)."""
+    return 128 + int(signal.Signals[name])
+
+
+def _program() -> list[str]:
+    """How this process was started, as the words before the subcommand: ``dllm train`` (the console
+    script, ``python -m dllm``) or ``python -m dllm.training.cli``."""
+    script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("dllm")
+    if script.name == "cli.py" and script.parent.name == "training":
+        return ["python", "-m", "dllm.training.cli"]
+    return ["dllm", "train"]
+
+
+def _launcher() -> list[str] | None:
+    """The launch command of a multi-process run (``accelerate launch ...``, ``torchrun ...``), as the
+    parent process was started, with the interpreter's path dropped; None for a single process."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return None
+    from .launch import parent_command
+
+    cmd = parent_command()
+    if len(cmd) > 1 and Path(cmd[0]).name.startswith("python"):
+        cmd = ["python", *cmd[1:]] if cmd[1] == "-m" else [Path(cmd[1]).name, *cmd[2:]]
+    return cmd if any(word in " ".join(cmd) for word in ("accelerate", "torch.distributed.run", "torchrun")) else None
+
+
+def command_line(kind: str, config: Path | None, overrides: list[str], resume: bool) -> str:
+    """The command that runs this training again: the launcher (several processes) or ``dllm train KIND``,
+    the recipe and every override as typed, and ``--resume`` when asked for (``resume=...`` overrides are
+    folded into it)."""
+    launcher = _launcher()
+    if launcher is not None:
+        words = [w for w in launcher if w != "--resume" and not w.startswith("resume=")]
+    else:
+        words = [*_program(), kind]
+        if config is not None:
+            words += ["--config", str(config)]
+        words += [o for o in overrides if o.split("=", 1)[0].strip().lstrip("-") != "resume"]
+    return shlex.join(words + (["--resume"] if resume else []))
 
 
 def _load(kind: str, config: Path | None, overrides: list[str]):
@@ -60,30 +113,46 @@ def _run(kind: str, config: Path | None, overrides: list[str] | None, resume: bo
     from dllm.eval.tasks.jsonl import DataFileError
 
     from .config import ConfigError
-    from .engine import RunDirInUse, TrainingDiverged
+    from .engine import Interrupted, RunDirInUse, TrainingDiverged
+    from .run_lock import RunLocked
+    from .write_faults import WriteFailed
 
+    overrides = list(overrides or [])
+    resume = resume is True  # called as a plain function the default is typer's OptionInfo, which is truthy
     try:
-        cfg = _load(kind, config, list(overrides or []) + (["resume=true"] if resume else []))
+        cfg = _load(kind, config, overrides + (["resume=true"] if resume else []))
     except ConfigError as err:
         fail(str(err))
-    if show is True:  # called as a plain function the default is typer's OptionInfo, which is truthy
+    if show is True:
         print_config(cfg)
         return
     from .launch import start_missing_cpu_processes
 
     start_missing_cpu_processes()  # accelerate launch --cpu --num_processes N started only this process
+    main = int(os.environ.get("RANK", "0") or 0) == 0  # one summary per run, not one per process
+    again = command_line(kind, config, overrides, resume=True)
     try:
-        result = _trainer(kind)(cfg).run()
+        trainer = _trainer(kind)(cfg)
+        trainer.command = command_line(kind, config, overrides, resume=cfg.resume)
+        result = trainer.run()
     except (ConfigError, CheckpointError, DataFileError, RunDirInUse) as err:  # found once the run reads its inputs
         fail(str(err))
+    except RunLocked as err:
+        fail(str(err), code=EXIT_LOCKED)
+    except WriteFailed as err:
+        fail(f"{err}\nresume with: {again}" if main else str(err), code=EXIT_WRITE_FAILED)
     except TrainingDiverged as err:
-        fail(f"training diverged: {err}", code=1)
-    if int(os.environ.get("RANK", "0") or 0) != 0:  # one summary per run, not one per process
-        return
+        fail(f"training diverged: {err}", code=EXIT_DIVERGED)
+    except Interrupted as err:
+        if main:
+            typer.echo(f"interrupted: {err}", err=True)
+        raise typer.Exit(signal_exit_code(err.signal)) from None
     if result.status == "interrupted":
-        typer.echo(f"interrupted at step {result.step}; checkpoint {result.checkpoint}; "
-                   f"resume with: --config {config} --resume", err=True)
-    else:
+        if main:
+            typer.echo(f"interrupted by {result.signal} at step {result.step}; checkpoint {result.checkpoint}; "
+                       f"resume with: {again}", err=True)
+        raise typer.Exit(signal_exit_code(result.signal or "SIGINT"))
+    if main:
         # the run's log has said why a run updated nothing; the last line must not read as a normal finish
         none = " without an update" if result.updates == 0 else ""
         typer.echo(f"finished at step {result.step}{none}; model: {result.export_dir}", err=True)
@@ -142,6 +211,7 @@ def grpo_report(
     import yaml
 
     from dllm.cli_common import USER_ERRORS
+    from dllm.decoding.registry import get_strategy
     from dllm.errors import CheckpointError
     from dllm.loading import load_model, resolve_model_path
     from dllm.tokenization import load_tokenizer
@@ -180,7 +250,7 @@ def grpo_report(
                 cfg = model.diffusion_generation_config.replace(
                     strategy=strategy, temperature=0.0, max_new_tokens=g, block_length=block,
                     stop_at_eos=True, mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
-                    **({"skip_threshold": threshold} if strategy == "d2f" else {"threshold": threshold}))
+                    **{get_strategy(strategy).threshold_option or "threshold": threshold})
                 rows[(label, strategy)] = evaluate_decoding(model, tok, suite_list, n, cfg)
                 typer.echo(f"{label:5s} {strategy:10s} acc {rows[(label, strategy)]['acc']:.3f} "
                            f"tpf {rows[(label, strategy)]['tpf']:.3f}", err=True)

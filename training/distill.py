@@ -12,6 +12,7 @@ the teacher's distribution to the student's on masked answer tokens, / p_mask, a
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -32,10 +33,8 @@ class DistillTrainer(Trainer):
 
     def setup_models(self) -> None:
         cfg: DistillConfig = self.cfg
-        if not (cfg.model.path or cfg.model.grow_from):
-            raise ConfigError("distillation starts from a trained model: set model.path (e.g. tiny), or "
-                              "model.grow_from with a model.config to grow it into")
         self.tokenizer = load_tokenizer_for(cfg.model, cfg.data.files, self.dataset_texts())
+        self.check_memory()
         student = init_model(cfg.model, self.tokenizer, attention_policy="block_causal", block_size=cfg.block_size)
         self.teacher = None
         if cfg.teacher:
@@ -55,6 +54,20 @@ class DistillTrainer(Trainer):
                               target_modules=list(cfg.lora.target_modules), bias="none")
             student = get_peft_model(student, lora)
         self.model = student
+
+    def memory_plan(self):
+        """The student (its adapters alone train under LoRA) and the frozen teacher: a checkpoint of its own,
+        a copy of the student (full weights without one), or none (LoRA: the base with the adapter off)."""
+        cfg: DistillConfig = self.cfg
+        student = self.model_cost(cfg.model, trainable=not cfg.lora.enabled, label="the student",
+                                  attention_policy="block_causal", block_size=cfg.block_size)
+        if cfg.teacher:
+            teacher = self.model_cost(cfg.model, trainable=False, label="the teacher", path=cfg.teacher)
+        elif not cfg.lora.enabled and student is not None:
+            teacher = dataclasses.replace(student, label="the teacher (a frozen copy)", trainable=False)
+        else:
+            teacher = None
+        return [student, teacher]
 
     def pad_multiple(self) -> int:
         return self.cfg.block_size

@@ -1,6 +1,8 @@
 """The loop every trainer shares: accelerate setup, AdamW + schedule, gradient accumulation and
 clipping, logging, atomic checkpoints (periodic and on SIGINT/SIGTERM), bit-identical resume, the
-NaN/inf guard and the final export.
+NaN/inf guard and the final export; and the faults around them: one trainer per run folder (a lock
+file), models too large for the free memory refused before they are built, and a write that fails
+(a full disk) stopped with one message, its partial files removed.
 
 A trainer subclass supplies the models (``setup_models``), the loss of one micro-batch
 (``compute_loss``) and the export (``export``); everything about *running* lives here.
@@ -26,12 +28,15 @@ import torch
 import yaml
 from accelerate.utils import DistributedType
 
-from .checkpointing import latest_checkpoint, list_checkpoints, save_checkpoint
+from .checkpointing import latest_checkpoint, list_checkpoints, remove_partial_checkpoints, save_checkpoint
 from .config import ConfigError, TrainConfig, resolve_tasks, to_dict, validate
 from .data import Batch, TaskStream
 from .files import DataFileError
+from .memory import ModelCost, check_fits, checkpoint_parameters, module_parameters
 from .precision import slow_precision_warning
+from .run_lock import RunLock, RunLocked
 from .run_log import RunLogger
+from .write_faults import disk_full, failure, removed_on_failure
 
 
 class TrainingDiverged(RuntimeError):
@@ -40,6 +45,9 @@ class TrainingDiverged(RuntimeError):
 
 class RunDirInUse(RuntimeError):
     """The run dir already holds checkpoints and ``resume`` was not requested."""
+
+
+TMP_EXPORT_PREFIX = ".tmp-"  # the export is written to <parent>/.tmp-<name>, then renamed
 
 
 @dataclass
@@ -51,6 +59,7 @@ class RunResult:
     export_dir: Path | None
     updates: int | None = None  # optimizer steps this run made (GRPO: an RL step may make none)
     note: str | None = None  # what the summary line should add, e.g. that no step updated the model
+    signal: str | None = None  # SIGINT | SIGTERM: what interrupted the run
 
 
 class LRSchedule:
@@ -88,11 +97,22 @@ class TrainState:
         self.generator.set_state(state["generator"])
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped the run where no checkpoint could be written: before the first step (nothing
+    to save), or a second SIGINT while the first one's checkpoint was on its way. ``signal``: its name."""
+
+    def __init__(self, signal_name: str, message: str) -> None:
+        super().__init__(message)
+        self.signal = signal_name
+
+
 class _StopFlag:
-    """SIGINT/SIGTERM ask the loop to checkpoint and exit after the current step; a second SIGINT aborts."""
+    """SIGINT/SIGTERM: before the loop (``install``), stop at once (Interrupted); once the loop runs
+    (``defer``), ask it to checkpoint and exit after the current step; a second SIGINT aborts."""
 
     def __init__(self) -> None:
         self.signal: str | None = None
+        self.deferred = False
         self._old: dict = {}
 
     def install(self) -> None:
@@ -103,10 +123,17 @@ class _StopFlag:
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._old[sig] = signal.signal(sig, self._handle)
 
+    def defer(self) -> None:
+        self.deferred = True
+
     def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if not self.deferred:
+            raise Interrupted(name, f"{name} before the first step: nothing was trained and nothing saved")
         if self.signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signal = signal.Signals(signum).name
+            raise Interrupted(name, "a second SIGINT stopped the run while the first one's checkpoint was on "
+                                    "its way: any partial checkpoint is removed when the run resumes")
+        self.signal = name
 
     def restore(self) -> None:
         for sig, old in self._old.items():
@@ -256,6 +283,9 @@ class Trainer:
         self.is_deepspeed = False
         self.export_state_dict: dict | None = None
         self.state_notes: list[str] = []  # what make_state found worth saying (data files read, ...)
+        # how this run was started, written into the run folder's lock file (the CLI sets the exact command)
+        self.command: str | None = None
+        self.lock_note: str | None = None
 
     def validate(self) -> None:
         """ConfigError when the config cannot run (recipes are checked at load; Python configs here)."""
@@ -290,6 +320,38 @@ class Trainer:
     def mask_id(self) -> int:
         return int(self.tokenizer.mask_token_id)
 
+    # -- memory ------------------------------------------------------------------------------------
+    def memory_plan(self) -> list[ModelCost | None]:
+        """The models this trainer will build, counted, not built (``training.memory``): by default the one
+        ``model`` section describes, trained on all its weights."""
+        return [self.model_cost(self.cfg.model)]
+
+    def model_cost(self, section, trainable: bool = True, label: str = "the model", path: str | None = None,
+                   **build) -> ModelCost | None:
+        """The parameters of the model ``section`` loads (``path`` instead: another checkpoint, frozen
+        copies such as a teacher) or builds from ``model.config`` (``build``: scratch_config's extra
+        arguments). None when a checkpoint has no safetensors file to count."""
+        from dllm.loading import resolve_model_path
+
+        from .models import scratch_config
+
+        source = path or section.path
+        if source:
+            n = checkpoint_parameters(resolve_model_path(source))
+            return None if n is None else ModelCost(label, n, section.dtype, trainable)
+        model_class, config = scratch_config(section, self.tokenizer, **build)
+        return ModelCost(label, module_parameters(model_class, config), "float32", trainable)
+
+    def check_memory(self) -> None:
+        """ModelTooLarge, before any model is built, when the run's models cannot fit in the free memory;
+        ``allow_large_model=true`` skips it. Trainers call it once their tokenizer is loaded."""
+        if self.cfg.allow_large_model:
+            return
+        models = [m for m in self.memory_plan() if m is not None]
+        accelerator = getattr(self, "accelerator", None)
+        device = accelerator.device if accelerator is not None else torch.device("cpu")
+        check_fits(models, device, self.is_deepspeed)
+
     # -- helpers ---------------------------------------------------------------------------------------
     def _param_groups(self, model) -> list[dict]:
         decay, no_decay = [], []
@@ -312,6 +374,16 @@ class Trainer:
         cfg = self.cfg
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
+        # until the first step a signal stops the run at once (Interrupted): there is nothing to save yet
+        stop = _StopFlag()
+        stop.install()
+        try:
+            return self._run(stop)
+        finally:
+            stop.restore()
+
+    def _run(self, stop: _StopFlag) -> RunResult:
+        cfg = self.cfg
         run_dir = Path(cfg.run_dir)
         accelerator = make_accelerator(cfg.mixed_precision)
         self.accelerator = accelerator
@@ -324,7 +396,46 @@ class Trainer:
         main = accelerator.is_main_process
         if main:
             make_run_folders(cfg, run_dir)
+        lock = self._lock_run_dir(accelerator, run_dir)
+        try:
+            return self._run_locked(accelerator, run_dir, main, stop)
+        except OSError as err:  # a log or config file write on a full disk, outside the guarded writes
+            if not disk_full(err):  # by errno or text only: a missing file on a nearly full disk is no full disk
+                raise
+            raise failure(err, "the run's files", Path(getattr(err, "filename", None) or run_dir),
+                          latest_checkpoint(run_dir), True) from err
+        finally:
+            lock.release()
 
+    def _lock_run_dir(self, accelerator, run_dir: Path) -> RunLock:
+        """Take ``run_dir``'s lock on the main process (RunLocked if a live trainer holds it; every process
+        raises, so none waits in a collective for a rank that left), then remove what killed runs left
+        half-written there."""
+        lock = RunLock(run_dir, self.command)
+        note, refused = None, None
+        if accelerator.is_main_process:
+            try:
+                note = lock.acquire()
+            except RunLocked as err:
+                refused = err
+        if accelerator.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            shared = [str(refused) if refused is not None else None]
+            broadcast_object_list(shared, from_process=0)
+            if shared[0] is not None and refused is None:
+                refused = RunLocked(shared[0], {})
+        if refused is not None:
+            raise refused
+        if accelerator.is_main_process:
+            remove_partial_checkpoints(run_dir)
+            out = export_path(self.cfg)
+            shutil.rmtree(out.parent / f"{TMP_EXPORT_PREFIX}{out.name}", ignore_errors=True)
+        self.lock_note = note
+        return lock
+
+    def _run_locked(self, accelerator, run_dir: Path, main: bool, stop: _StopFlag) -> RunResult:
+        cfg = self.cfg
         existing = latest_checkpoint(run_dir)
         if existing is not None and not cfg.resume:
             raise RunDirInUse(
@@ -366,6 +477,8 @@ class Trainer:
             run_dir.mkdir(parents=True, exist_ok=True)
             self._write_run_config(run_dir)
         log = RunLogger(run_dir, state.step, cfg.max_steps, main, cfg.progress)
+        if self.lock_note:
+            log.message(self.lock_note)
         if cfg.resume and existing is None:
             log.message(f"resume requested but {run_dir} has no checkpoint; starting from step 0")
         elif cfg.resume:
@@ -379,8 +492,7 @@ class Trainer:
                         "in-training evaluation is off")
         self.before_loop(accelerator, model, log, state)
 
-        stop = _StopFlag()
-        stop.install()
+        stop.defer()  # from now on a signal asks for a checkpoint after the current step
         status = "finished"
         meter = self.make_meter()
         try:
@@ -410,11 +522,11 @@ class Trainer:
                     self.evaluate(accelerator, model, log, state.step)
                 export_dir = self._export(accelerator, model, run_dir)
                 log.message(f"done: step {state.step}; model exported to {export_dir}")
-            result = RunResult(status, state.step, run_dir, last_good, export_dir)
+            result = RunResult(status, state.step, run_dir, last_good, export_dir,
+                               signal=stop.signal if status == "interrupted" else None)
             self.finish(result, state, meter, log)
             return result
         finally:
-            stop.restore()
             log.close()
 
     # -- what one step is (SFT and distillation: streamed batches and a loss; GRPO overrides them) -----------
@@ -540,11 +652,12 @@ class Trainer:
         # ZeRO-3 partitions the weights: gather a full state dict (a collective: every rank calls it)
         self.export_state_dict = accelerator.get_state_dict(model) if self.is_deepspeed else None
         if accelerator.is_main_process:
-            tmp = out.parent / f".tmp-{out.name}"
+            tmp = out.parent / f"{TMP_EXPORT_PREFIX}{out.name}"
             if tmp.exists():
                 shutil.rmtree(tmp)
-            tmp.parent.mkdir(parents=True, exist_ok=True)
-            self.export(accelerator.unwrap_model(model), tmp)
+            with removed_on_failure(tmp, "the export", out, latest_checkpoint(run_dir)):
+                tmp.parent.mkdir(parents=True, exist_ok=True)
+                self.export(accelerator.unwrap_model(model), tmp)
             if out.exists():
                 shutil.rmtree(out)
             os.replace(tmp, out)

@@ -25,6 +25,7 @@ validation are in ``dllm.training.grpo_config``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import time
 from contextlib import nullcontext
@@ -32,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from dllm.decoding.registry import get_strategy
 
 from .config import (
     ConfigError,
@@ -43,7 +46,7 @@ from .engine import (
 )
 from .files import read_records, source_labels
 from .grpo_config import GRPOConfig, validate_grpo
-from .models import export_model, generation_defaults, init_model, load_tokenizer_for
+from .models import export_model, generation_defaults, init_model, load_tokenizer_for, lora_targets
 from .rewards import Scorer, check_signature, function_name, load_reward_function
 from .rl_objectives import (
     Views,
@@ -166,6 +169,7 @@ class GRPOTrainer(Trainer):
     def setup_models(self) -> None:
         cfg: GRPOConfig = self.cfg
         self.tokenizer = load_tokenizer_for(cfg.model)
+        self.check_memory()
         policy = init_model(cfg.model, self.tokenizer)
         self.core = policy
         self.base_generation = policy.diffusion_generation_config
@@ -175,10 +179,20 @@ class GRPOTrainer(Trainer):
             from peft import LoraConfig, get_peft_model
 
             lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                              target_modules=list(cfg.lora.target_modules), bias="none")
+                              target_modules=lora_targets(policy, cfg.lora.target_modules), bias="none")
             policy = get_peft_model(policy, lora)
         self.model = policy
         self.rollout_config = self.make_rollout_config()
+
+    def memory_plan(self):
+        """The policy (its adapters alone train under LoRA) and, with ``loss.beta > 0`` and full weights,
+        the frozen reference model (a copy of the starting policy)."""
+        cfg: GRPOConfig = self.cfg
+        policy = self.model_cost(cfg.model, trainable=not cfg.lora.enabled, label="the policy")
+        ref = None
+        if cfg.loss.beta > 0 and not cfg.lora.enabled and policy is not None:
+            ref = dataclasses.replace(policy, label="the reference model", trainable=False)
+        return [policy, ref]
 
     def make_rollout_config(self):
         """The DiffusionGenerationConfig of the rollouts: the model's defaults + the recipe's rollout section."""
@@ -193,7 +207,7 @@ class GRPOTrainer(Trainer):
         fields = {"strategy": r.strategy, "temperature": r.temperature, "max_new_tokens": g, "block_length": block,
                   "cache": r.cache, "stop_at_eos": not r.exact_canvas, "mask_token_id": tok.mask_token_id,
                   "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id, "return_dict_in_generate": True}
-        fields["skip_threshold" if r.strategy == "d2f" else "threshold"] = r.threshold
+        fields[get_strategy(r.strategy).threshold_option or "threshold"] = r.threshold
         fields.update(r.options)
         return self.base_generation.replace(**fields)
 
@@ -201,13 +215,20 @@ class GRPOTrainer(Trainer):
         cfg = self.rollout_config.replace(strategy=strategy, temperature=0.0, stop_at_eos=True)
         phi = self.cfg.evaluation.threshold
         phi = self.cfg.rollout.threshold if phi is None else phi
-        return cfg.replace(**{"skip_threshold" if strategy == "d2f" else "threshold": phi})
+        return cfg.replace(**{get_strategy(strategy).threshold_option or "threshold": phi})
 
     def forward_kwargs(self) -> dict:
         """Model-call kwargs that make a training forward see what the decoder's forwards saw."""
         g = self.rollout_config
-        # the D2F pipeline runs its cached forwards with block_size = its block length
-        return {"block_size": g.block_length} if g.strategy == "d2f" else {}
+        if self.position_grid():  # sdar / fast_dllm_v2: the model's grid from position 0, blocks of the block length
+            return {"block_size": g.block_length, "prompt_length": None}
+        # block-causal decoders on the prompt grid (D2F) run their cached forwards with block_size = the block length
+        strategy = get_strategy(g.strategy)
+        return {"block_size": g.block_length} if strategy.requires_block_causal and strategy.grid == "prompt" else {}
+
+    def position_grid(self) -> bool:
+        """Whether the rollouts decode the model's own block grid (strategies ``sdar``, ``fast_dllm_v2``)."""
+        return get_strategy(self.rollout_config.strategy).grid == "position"
 
     def attention_block(self) -> int | None:
         """Block size of the block-causal attention of the training forwards (None: bidirectional)."""
@@ -231,7 +252,7 @@ class GRPOTrainer(Trainer):
         if src_file is not None and src_file.exists() and FILE_KEY in json.loads(src_file.read_text()):
             gen = {FILE_KEY: json.loads(src_file.read_text())[FILE_KEY]}  # keep the base model's decoding defaults
         else:
-            gen = generation_defaults(self.tokenizer, cfg.data.max_new_tokens, self.attention_block())
+            gen = generation_defaults(self.tokenizer, cfg.data.max_new_tokens, self.attention_block(), start=src)
         export_model(merged, self.tokenizer, out_dir, gen, info, state_dict=state_dict)
 
     def stream_suites(self):
@@ -245,7 +266,9 @@ class GRPOTrainer(Trainer):
             return trajectory_views(batch.gen_ids, ro.step_map.to(batch.gen_ids.device), batch.mask, mask_id)
         if lo.estimator == "block_masked":
             block = lo.block_size or self.rollout_config.block_size
-            return block_masked_views(batch.gen_ids, batch.mask, block, mask_id)
+            # on the model's own grid the first block holds the prompt's last (length % block) tokens
+            offsets = batch.prompt_mask.long().sum(-1) % block if self.position_grid() else None
+            return block_masked_views(batch.gen_ids, batch.mask, block, mask_id, offsets=offsets)
         return d1_views(batch.gen_ids, batch.mask, mask_id, batch.prompt_mask, lo.d1_prompt_mask, generator)
 
     def view_logprobs(self, model, views: Views, batch: UpdateBatch) -> torch.Tensor:

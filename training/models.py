@@ -53,29 +53,136 @@ def init_model(section: ModelSection, tokenizer, attention_policy: str | None = 
         if section.tokenizer:
             match_vocabulary(model, resolve_model_path(section.path), tokenizer, tag_head=section.tag_head)
         return model.train()
+    model_class, config = scratch_config(section, tokenizer, policy, bsz)
+    model = model_class(config)
+    if section.grow_from:
+        source = load_model(section.grow_from, attention_policy=policy, block_size=bsz)
+        grow_depth(model, source)
+    if section.init_from:
+        init_from_checkpoint(model, load_model(section.init_from), tokenizer)
+    return model.train()
+
+
+_ROLES = ("attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down")
+
+
+def init_from_checkpoint(model, source, tokenizer=None, calibration_texts: int = 64) -> dict[str, int]:
+    """Start ``model`` from ``source``, a checkpoint of another format: each tensor takes the source's
+    tensor of the same role (embedding, final norm, head, and per layer the attention and MLP
+    projections and norms, matched through the layers' role accessors) when the shapes agree.
+
+    A role the source lacks keeps its fresh value, except Qwen3's per-head q/k RMSNorm (SDAR), which has
+    no LLaDA equivalent: ``norm(q) = w * q / rms(q)`` cannot be the identity, so its weight is set to the
+    mean per-head RMS of the source's q (and k) on task-suite text, which keeps the typical attention
+    scale (exact where a head's RMS equals the mean). Returns counts of copied / kept tensors.
+    """
+    copied, kept = 0, 0
+
+    def take(dst, src) -> None:
+        nonlocal copied, kept
+        if src is not None and dst is not None and dst.weight.shape == src.weight.shape:
+            with torch.no_grad():
+                dst.weight.copy_(src.weight)
+                if getattr(dst, "bias", None) is not None:
+                    if getattr(src, "bias", None) is not None and src.bias.shape == dst.bias.shape:
+                        dst.bias.copy_(src.bias)
+                    else:
+                        dst.bias.zero_()
+            copied += 1
+        else:
+            kept += 1
+
+    take(model._embedding(), source._embedding())
+    take(model._final_norm(), source._final_norm())
+    take(model._head(), source._head())
+    src_layers, dst_layers = source._blocks(), model._blocks()
+    if len(src_layers) != len(dst_layers):
+        raise ValueError(f"model.init_from: the model has {len(dst_layers)} layers and the checkpoint "
+                         f"{len(src_layers)}; use grow_from to add layers")
+    for dst, src in zip(dst_layers, src_layers, strict=True):
+        for role in _ROLES:
+            take(dst._m(role), src._m(role))
+    if getattr(model.spec, "qk_norm", False) and not getattr(source.spec, "qk_norm", False):
+        _calibrate_qk_norm(model, source, tokenizer, calibration_texts)
+    return {"copied": copied, "kept": kept}
+
+
+def _calibrate_qk_norm(model, source, tokenizer, n: int) -> None:
+    rms = {}
+
+    def hook(name):
+        def fn(module, inputs, output):
+            heads = output.view(*output.shape[:-1], -1, model.spec.head_dim)
+            rms[name] = heads.pow(2).mean(-1).sqrt().mean().item()
+        return fn
+
+    handles = []
+    for i, layer in enumerate(source._blocks()):
+        handles += [layer._m("q").register_forward_hook(hook(f"{i}.q")),
+                    layer._m("k").register_forward_hook(hook(f"{i}.k"))]
+    texts = [ex.prompt + " " + ex.answer for ex in _calibration_examples(n)]
+    batch = tokenizer(texts, return_tensors="pt", padding=True) if tokenizer is not None else None
+    try:
+        with torch.no_grad():
+            if batch is not None:
+                source(batch["input_ids"], attention_mask=batch["attention_mask"])
+    finally:
+        for h in handles:
+            h.remove()
+    with torch.no_grad():
+        for i, layer in enumerate(model._blocks()):
+            for role in ("q", "k"):
+                if f"{i}.{role}" in rms:
+                    layer._m(f"{role}_norm").weight.fill_(rms[f"{i}.{role}"])
+
+
+def _calibration_examples(n: int) -> list:
+    from dllm.eval.tasks import get_suite, suite_names
+
+    per = max(1, n // len(suite_names()))
+    return [ex for name in suite_names() for ex in get_suite(name).examples("train", per, seed=0)]
+
+
+_QWEN_NAMES = {"attn_out": "o_proj", "ff_proj": "gate_proj", "ff_out": "down_proj"}
+
+
+def lora_targets(model, names) -> list[str]:
+    """A recipe's LoRA target modules in this model's own projection names: LLaDA's ``attn_out``,
+    ``ff_proj`` and ``ff_out`` are ``o_proj``, ``gate_proj`` and ``down_proj`` in the Qwen-format
+    checkpoints (Dream, DiffuCoder, SDAR, Fast-dLLM v2), so one recipe adapts every family's projections."""
+    qwen = any(n.endswith("self_attn.q_proj") for n, _ in model.named_modules())
+    return [(_QWEN_NAMES.get(n, n) if qwen else n) for n in names]
+
+
+def scratch_config(section: ModelSection, tokenizer, attention_policy: str | None = None,
+                   block_size: int | None = None):
+    """``(model class, config)`` of the fresh model ``section.config`` describes, sized to the tokenizer
+    (what :func:`init_model` builds, and what ``training.memory`` counts on the ``meta`` device)."""
     cfg = dict(section.config)
     model_type = cfg.pop("model_type", "llada")
     ids = special_token_ids(tokenizer)
     vocab = len(tokenizer)
-    if policy:
-        cfg["attention_policy"] = policy
-    if bsz:
-        cfg["block_size"] = bsz
+    if attention_policy:
+        cfg["attention_policy"] = attention_policy
+    if block_size:
+        cfg["block_size"] = block_size
     if model_type == "llada":
         cfg.setdefault("rope_theta", 10000.0)
         cfg.setdefault("max_sequence_length", 512)
-        config = LLaDAConfig(vocab_size=vocab, embedding_size=vocab, **ids, **cfg)
-        model = LLaDAModelLM(config)
-    elif model_type == "Dream":
+        return LLaDAModelLM, LLaDAConfig(vocab_size=vocab, embedding_size=vocab, **ids, **cfg)
+    if model_type == "Dream":
         cfg.setdefault("rope_theta", 10000.0)
-        config = DreamConfig(vocab_size=vocab, bos_token_id=ids["eos_token_id"], **ids, **cfg)
-        model = DreamModel(config)
-    else:
-        raise ValueError(f"model.config.model_type={model_type!r}; valid: llada, Dream")
-    if section.grow_from:
-        source = load_model(section.grow_from, attention_policy=policy, block_size=bsz)
-        grow_depth(model, source)
-    return model.train()
+        return DreamModel, DreamConfig(vocab_size=vocab, bos_token_id=ids["eos_token_id"], **ids, **cfg)
+    if model_type in ("sdar", "Fast_dLLM_Qwen"):
+        from dllm.modeling import Fast_dLLM_QwenForCausalLM, FastDLLMQwenConfig, SDARConfig, SDARForCausalLM
+
+        cfg.setdefault("rope_theta", 10000.0)
+        cfg.setdefault("max_position_embeddings", 512)
+        if model_type == "sdar":  # (the config adds the published folders' remote-code entry points itself)
+            return SDARForCausalLM, SDARConfig(vocab_size=vocab, bos_token_id=ids["eos_token_id"], **ids, **cfg)
+        return Fast_dLLM_QwenForCausalLM, FastDLLMQwenConfig(vocab_size=vocab, bos_token_id=ids["eos_token_id"],
+                                                             **ids, **cfg)
+    raise ValueError(f"model.config.model_type={model_type!r}; valid: llada, Dream, sdar, Fast_dLLM_Qwen")
 
 
 def match_vocabulary(model: torch.nn.Module, checkpoint_dir: Path, tokenizer, tag_head: str = "origin") -> int:
@@ -253,10 +360,22 @@ def _start_defaults(start, block_causal: bool) -> dict | None:
     try:
         path = resolve_model_path(start)
         config = json.loads((path / "config.json").read_text())
-        saved = json.loads((path / "generation_config.json").read_text()).get("dllm")
     except (OSError, ValueError, CheckpointError):
         return None
-    if not saved or (config.get("attention_policy") == "block_causal") != block_causal:
+    try:
+        saved = json.loads((path / "generation_config.json").read_text()).get("dllm")
+    except (OSError, ValueError):
+        saved = None
+    from dllm.modeling import family_of
+
+    try:
+        family = family_of(config)
+    except CheckpointError:
+        return None
+    if not saved:  # a published checkpoint: its family's own decoder (LLaDA2: edit), if it has one
+        saved = dict(getattr(family.model_class, "family_decoding", {}) or {}) or None
+    attention = config.get("attention_policy") or family.attention
+    if not saved or (attention == "block_causal") != block_causal:
         return None
     return dict(saved)
 
@@ -270,6 +389,12 @@ def export_model(model, tokenizer, out_dir: Path, gen_defaults: dict, info: dict
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir), safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(str(out_dir))
-    (out_dir / "generation_config.json").write_text(json.dumps(gen_defaults, indent=2) + "\n")
+    gen_file = out_dir / "generation_config.json"
+    from dllm.modeling.published import PublishedLayoutConfig
+
+    if isinstance(getattr(model, "config", None), PublishedLayoutConfig) and gen_file.exists():
+        # a format with a published layout keeps its transformers keys (EOS list, ...) beside dllm's
+        gen_defaults = {**{k: v for k, v in json.loads(gen_file.read_text()).items() if k != "dllm"}, **gen_defaults}
+    gen_file.write_text(json.dumps(gen_defaults, indent=2) + "\n")
     (out_dir / "training_info.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
     return out_dir

@@ -130,6 +130,39 @@ def sft_loss(
     return (ce * weight).sum() / b
 
 
+def t2t_corrupt(
+    noisy: torch.Tensor,
+    masked: torch.Tensor,
+    answer_mask: torch.Tensor,
+    prob: float,
+    vocab_size: int,
+    mask_id: int,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """LLaDA2.1's token-to-token noise: (noisy ids, visible [b, l] bool).
+
+    Each answer token the mask left visible is replaced, with probability ``prob``, by a token drawn
+    uniformly from the vocabulary without ``[MASK]``. ``visible`` marks every visible answer slot,
+    replaced or not: the T2T loss asks the clean token at all of them, because a model that only saw
+    replaced tokens there would learn to change every committed token.
+    """
+    visible = answer_mask & ~masked
+    flip = (_rand(noisy.shape, generator, noisy.device) < prob) & visible
+    drawn = (_rand(noisy.shape, generator, noisy.device) * (vocab_size - 1)).long()
+    drawn = drawn + (drawn >= mask_id).long()  # skip [MASK]
+    return torch.where(flip, drawn, noisy), visible
+
+
+def t2t_loss(logits: torch.Tensor, targets: torch.Tensor, visible: torch.Tensor,
+             answer_lengths: torch.Tensor) -> torch.Tensor:
+    """CE to the clean token on the visible answer slots, each row normalised by its answer length (as
+    :func:`sft_loss`), divided by the batch size."""
+    b = targets.shape[0]
+    rows = torch.arange(b, device=targets.device)[:, None].expand_as(targets)[visible]
+    ce = F.cross_entropy(logits[visible].float(), targets[visible], reduction="none")
+    return (ce / answer_lengths[rows].float()).sum() / b
+
+
 def monotonic_block_pmasks(
     num_rows: int,
     num_blocks: int,

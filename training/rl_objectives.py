@@ -332,18 +332,24 @@ def loss_mask(lengths: torch.Tensor, gen_length: int) -> torch.Tensor:
     return torch.arange(gen_length, device=lengths.device)[None, :] < lengths[:, None]
 
 
-def block_masked_views(gen_ids: torch.Tensor, mask: torch.Tensor, block_size: int, mask_id: int) -> Views:
+def block_masked_views(gen_ids: torch.Tensor, mask: torch.Tensor, block_size: int, mask_id: int,
+                       offsets: torch.Tensor | None = None) -> Views:
     """LightningRL's estimator: ℓ(x_i) = log p(x_i | prompt, clean blocks < b(i), block b(i) and
     everything after it masked). One view per (row, block holding a loss token).
+
+    Blocks start at the generated region; ``offsets`` [n] (a position-aligned model decoded on its own
+    grid: SDAR, Fast-dLLM v2) puts each row's first block ``offsets[r]`` slots into it (the prompt's
+    last ``length % block`` tokens share it), as the model's blocks from position 0 fall.
 
     The reference gets all blocks from one forward over [noisy ‖ clean] with a custom attention
     mask; our model API takes attention *policies*, so the blocks of a row are separate canvases
     batched into the same forwards (same values; more compute for long sequences).
     """
     n, g = gen_ids.shape
-    block_of = torch.arange(g, device=gen_ids.device) // block_size
     rows, gens, targets = [], [], []
     for r in range(n):
+        shift = 0 if offsets is None else int(offsets[r])
+        block_of = (torch.arange(g, device=gen_ids.device) + shift) // block_size
         for b in torch.unique(block_of[mask[r]]).tolist():
             hidden = block_of >= b
             rows.append(r)
@@ -426,12 +432,19 @@ def view_logprobs(
     first = int(views.first_target().min())
     last = int(views.last_target().max())
     end = g
-    if block_causal_size:
+    kwargs = {"prompt_length": p, **(forward_kwargs or {})}
+    gen = views.gen
+    if block_causal_size and kwargs["prompt_length"] is None:
+        # the model's grid from position 0 (sdar, fast_dllm_v2): the block holding `last` ends within
+        # block_causal_size slots of it, possibly past the budget, where the decoder kept masks
+        end = last + block_causal_size
+        if end > g:
+            gen = torch.cat([gen, torch.full((v, end - g), mask_id, dtype=gen.dtype, device=gen.device)], 1)
+    elif block_causal_size:  # blocks start at the generated region
         end = min(g, -(-(last + 1) // block_causal_size) * block_causal_size)
-    x = torch.cat([prompt, views.gen[:, :end]], dim=1)
+    x = torch.cat([prompt, gen[:, :end]], dim=1)
     attn = torch.cat([prompt_mask[rows], torch.ones((v, end), dtype=prompt_mask.dtype, device=prompt_mask.device)], 1)
-    logits = model(x, attention_mask=attn, prompt_length=p, logits_range=(p + first, p + last + 1),
-                   **(forward_kwargs or {})).logits.float()
+    logits = model(x, attention_mask=attn, logits_range=(p + first, p + last + 1), **kwargs).logits.float()
     if suppress_mask:
         logits = logits.masked_fill(
             torch.arange(logits.shape[-1], device=logits.device) == mask_id, float("-inf"))

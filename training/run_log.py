@@ -129,6 +129,9 @@ class RunLogger:
             self.bar.close()
             self.bar = None
         if self.tb is not None:
-            self.tb.flush()
-            self.tb.close()
+            try:
+                self.tb.flush()
+                self.tb.close()
+            except Exception as err:  # a full disk: the run's own error says so; this must not hide it
+                print(f"[dllm.train] TensorBoard events not flushed ({err})", file=sys.stderr)
             self.tb = None

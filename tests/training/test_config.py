@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_yaml_and_overrides_are_typed(tmp_path):
     recipe = tmp_path / "r.yaml"
-    recipe.write_text("max_steps: 10\noptim:\n  lr: 1e-3\n  betas: [0.9, 0.99]\ndata:\n  tasks: {arith: 1}\n")
+    recipe.write_text("max_steps: 10\nmodel:\n  path: tiny\noptim:\n  lr: 1e-3\n  betas: [0.9, 0.99]\ndata:\n  tasks: {arith: 1}\n")
     cfg = load_config(SFTConfig, recipe, ["optim.lr=3e-4", "batch_size=8", "progress=false",
                                           "data.tasks.gsm=2", "model.block_size=none", "mask_eps=0.01"])
     assert cfg.max_steps == 10 and isinstance(cfg.max_steps, int)
@@ -27,14 +27,14 @@ def test_yaml_and_overrides_are_typed(tmp_path):
 def test_null_unsets_an_optional_string(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("model:\n  path: runs/x/final\n  tokenizer: tok\n")
-    cfg = load_config(SFTConfig, recipe, ["model.path=null", "model.tokenizer=None"])
+    cfg = load_config(SFTConfig, recipe, ["model.path=null", "model.tokenizer=None", "model.config={d_model: 32}"])
     assert cfg.model.path is None and cfg.model.tokenizer is None
     assert load_config(SFTConfig, recipe, ["model.path=nullx"]).model.path == "nullx"
 
 
 def test_yaml_scientific_notation_without_dot(tmp_path):
     recipe = tmp_path / "r.yaml"
-    recipe.write_text("optim:\n  lr: 5e-6\n")  # YAML reads this as a string; the field type wins
+    recipe.write_text("model:\n  path: tiny\noptim:\n  lr: 5e-6\n")  # YAML reads this as a string; the field type wins
     assert load_config(DistillConfig, recipe).optim.lr == 5e-6
 
 

@@ -1,12 +1,7 @@
-"""The shared engine: checkpoints, bit-identical resume, signals, the NaN guard, export."""
+"""The shared engine: checkpoints, bit-identical resume, the NaN guard, export (signals and other faults: test_faults.py)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -121,36 +116,6 @@ def test_gradient_guard_stops_on_a_finite_loss_with_non_finite_gradients(tmp_pat
     msg = str(err.value)
     assert "non-finite gradient norm" in msg and "step 4" in msg and "step-0000002" in msg
     assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [2]
-
-
-def test_sigterm_saves_a_valid_checkpoint_and_exits_cleanly(tmp_path):
-    run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "dllm.training.cli", "sft", "--config", str(REPO / "recipes" / "smoke-sft.yaml"),
-           *micro_overrides(run, max_steps=100000, save_every=0)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.time() + 60
-        metrics = run / "metrics.csv"
-        while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
-            assert proc.poll() is None, proc.stdout.read()
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out
-    assert "SIGTERM" in out and "--resume" in out
-    ckpts = list_checkpoints(run)
-    assert len(ckpts) == 1
-    step, path = ckpts[0]
-    assert step >= 2
-    assert {"model.safetensors", "optimizer.bin"} <= {p.name for p in path.iterdir()}
-    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp")]
-    # and it resumes
-    cfg = load_config(SFTConfig, None, micro_overrides(run, max_steps=step + 1, resume="true"))
-    assert SFTTrainer(cfg).run().step == step + 1
 
 
 def test_resume_with_more_steps_follows_the_new_schedule(tmp_path):

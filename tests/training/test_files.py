@@ -160,7 +160,7 @@ def test_the_model_context_bounds_file_prompts(tmp_path, tokenizer):
 
 def test_config_checks_files_and_weights(tmp_path):
     f = _write(tmp_path / "d.jsonl", _pairs(3))
-    cfg = load_config(SFTConfig, None, ["data.tasks={}", f"data.files={{{f}: 2}}"])
+    cfg = load_config(SFTConfig, None, ["model.path=tiny", "data.tasks={}", f"data.files={{{f}: 2}}"])
     assert cfg.data.files == {str(f): 2}
     with pytest.raises(ConfigError, match="nope.jsonl does not exist"):
         load_config(SFTConfig, None, [f"data.files={{{tmp_path / 'nope.jsonl'}: 1}}"])

@@ -121,7 +121,7 @@ def test_sft_trainer_loss_uses_fixed_mask(monkeypatch, tokenizer):
     p_mask = p[:, None].expand_as(masked)
     noisy = torch.where(masked, torch.full_like(b.input_ids, MASK), b.input_ids)
     monkeypatch.setattr(sft_mod, "sft_noise", lambda *a, **k: (noisy, masked, p_mask))
-    trainer = sft_mod.SFTTrainer(SFTConfig())
+    trainer = sft_mod.SFTTrainer(SFTConfig(model={"path": "tiny"}))
     trainer.tokenizer = type("T", (), {"mask_token_id": MASK})()
     got = trainer.compute_loss(model, b, torch.Generator())
     with torch.no_grad():
