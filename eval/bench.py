@@ -122,6 +122,8 @@ class MethodStats:
     seconds: float = 0.0
     latencies: list = field(default_factory=list)
     per_suite: dict = field(default_factory=dict)
+    edits: int = 0  # token editing (strategy "edit"): T2T replacements and blocks made final
+    blocks: int = 0
 
 
 def run_bench(
@@ -171,10 +173,17 @@ def run_bench(
             st.total += 1
             st.tokens += res.generated_tokens
             st.forwards += res.num_forwards
+            st.edits += int(res.stats.get("edits", 0))
+            st.blocks += int(res.stats.get("blocks", 0))
             st.latencies.append(dt)
             ps = st.per_suite.setdefault(ex.suite, {"correct": 0, "total": 0, "tokens": 0, "forwards": 0})
             ps["correct"] += int(score.correct)
             ps["total"] += 1
+            # partial credit: the scorer's reward and its "*_accuracy" details (sudoku9's cell accuracy)
+            part = ps.setdefault("partial", {})
+            for key, value in (("reward", score.reward), *score.details.items()):
+                if key == "reward" or (key.endswith("_accuracy") and isinstance(value, (int, float))):
+                    part[key] = part.get(key, 0.0) + float(value)
             ps["tokens"] += res.generated_tokens
             ps["forwards"] += res.num_forwards
             cat = by_name[ex.suite].category(ex)
@@ -234,8 +243,10 @@ def summarise(stats: list[MethodStats], *, model_name: str, suites: str, n: int,
             "forwards": st.forwards,
             "seconds": st.seconds,
             "examples": st.total,
+            **({"edits": st.edits, "edits_per_block": st.edits / st.blocks} if st.blocks else {}),
             "per_suite": {k: {"accuracy": 100.0 * v["correct"] / max(1, v["total"]),
                               "tpf": v["tokens"] / max(1, v["forwards"]), "n": v["total"],
+                              **{k: 100.0 * x / max(1, v["total"]) for k, x in v.get("partial", {}).items()},
                               **({"categories": {c: {"accuracy": 100.0 * x["correct"] / x["total"], "n": x["total"]}
                                                  for c, x in sorted(v["categories"].items(),
                                                                     key=lambda kv: _natural(kv[0]))}}
@@ -291,6 +302,9 @@ def format_table(report: dict) -> str:
     m = report["machine"]
     lines.append(f"model={report['model']} suite={report['suite']} n={report['n']}/suite batch={report['batch_size']} "
                  f"torch_threads={m['torch_threads']} device={m['device']} {m['date']}")
+    edited = [r for r in report["results"] if "edits_per_block" in r]
+    if edited:
+        lines.append("token edits per block: " + ", ".join(f"{r['label']} {r['edits_per_block']:.2f}" for r in edited))
     return "\n".join(lines)
 
 
@@ -371,6 +385,10 @@ def pareto_axes(report: dict):
         ax.scatter(r["tpf"], r["accuracy"], s=40, marker=markers[(i // 10) % len(markers)] if crowded else "o",
                    label=r["label"] if crowded else None,
                    transform=offset_copy(ax.transData, fig=fig, x=dx, y=0, units="points"))
+    # points drawn through an offset transform do not count for autoscaling: register them, or a point off
+    # the frontier's box would fall outside the axes
+    ax.update_datalim([(r["tpf"], r["accuracy"]) for r in rows])
+    ax.autoscale_view()
     if not crowded:
         for (x, y), labels in label_groups(rows):
             ax.annotate("\n".join(labels), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)

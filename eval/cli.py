@@ -12,8 +12,9 @@ from dllm.cli_common import USER_ERRORS, fail, quiet_transformers
 
 def bench(
     model: str = typer.Option("tiny-d2f", "--model", "-m", help="tiny, tiny-d2f, or a checkpoint directory."),
-    suite: str = typer.Option("all", "--suite", help="arith, gsm, lists, sudoku, countdown, a JSON Lines file of your own "
-                                                              "(my.jsonl, exact match), a comma list, or all."),
+    suite: str = typer.Option("all", "--suite", help="arith, gsm, lists, sudoku, countdown (all: these five); the "
+                                                              "long-answer sudoku9, longlists, chain (long); a JSON Lines "
+                                                              "file of your own (my.jsonl, exact match); a comma list; every."),
     strategies: str = typer.Option("vanilla,threshold,d2f", "--strategies",
                                    help="Comma list; parameters as name:key=value,key=value (e.g. threshold:cache=dual,threshold=0.9)."),
     n: int = typer.Option(20, "--n", help="Held-out examples per suite."),
@@ -30,7 +31,7 @@ def bench(
     no_progress: bool = typer.Option(False, "--no-progress"),
     by_category: bool = typer.Option(False, "--by-category",
                                      help="Also print accuracy per problem category (list op, arith operator and "
-                                          "width, gsm steps, sudoku blanks); always in --json."),
+                                          "width, gsm and chain steps, sudoku blanks, sudoku9 rounds); always in --json."),
 ) -> None:
     """Run decoding strategies side by side on the same prompts and print accuracy, TPF, NFE, speed and AUP."""
     import torch

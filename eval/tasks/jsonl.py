@@ -136,7 +136,7 @@ def record_words(record: Record) -> list[str]:
 
 def source_labels(paths) -> dict[str, str]:
     """A short, unique label per file (its stem; ``-2``, ``-3`` ... on a clash) for logs and resume state."""
-    taken = set(suite_names())
+    taken = set(suite_names("every"))
     labels = {}
     for p in paths:
         stem = Path(p).stem or "data"

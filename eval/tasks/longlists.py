@@ -1,0 +1,119 @@
+"""``longlists``: copy, reverse, sort and dedupe of long lists of full names (the long form of ``lists``).
+
+An item is a full name, a first and a last name from the 16 names of ``lists`` (240 pairs, the two
+never equal), items separated by `` , ``: ``Ann Bob , Kim Lee , Eve Pam``. Three tokens per item, so
+a list of 22 to 48 names is an answer of 65 to 143 tokens; 22, not 16, is the shortest list because
+every answer is at least 64 tokens long.
+
+  * ``copy :`` / ``reverse :`` / ``sort :`` (alphabetical by first, then last name; every name has 3
+    letters, so this is also plain string order) on 22-48 distinct names;
+  * ``remove any name already at a left index :`` (dedupe): 22-40 distinct names plus 4-8 repeats
+    of earlier names (26-48 items); the answer keeps each name's first occurrence, in order.
+
+Prompts use only words that the short suites already use, so the suites' tokenizer covers them.
+
+Reward: 1.0 for the exact list, else 0.5 * (positions holding the right name) / max(reference
+length, parsed length), so a list that is right up to one slip earns more than a wrong one but never
+ties a right one.
+"""
+from __future__ import annotations
+
+import random
+import re
+
+from .base import Example, Problem, Score, TaskSuite
+from .words import NAMES
+
+OPS: tuple[str, ...] = ("copy", "reverse", "sort", "dedupe")
+PROMPTS: dict[str, str] = {
+    "copy": "copy :",
+    "reverse": "reverse :",
+    "sort": "sort :",
+    "dedupe": "remove any name already at a left index :",
+}
+MIN_LEN, MAX_LEN = 22, 48  # items in a copy / reverse / sort list
+MIN_DISTINCT, MAX_DISTINCT = 22, 40  # distinct names in a dedupe list ...
+MIN_REPEATS, MAX_REPEATS = 4, 8  # ... plus this many repeats of earlier names
+FULL_NAMES: tuple[str, ...] = tuple(f"{a} {b}" for a in NAMES for b in NAMES if a != b)
+_NAME_SET = frozenset(NAMES)
+_PIECE_RE = re.compile(r"[A-Za-z]+|\S")
+
+
+def parse_full_names(completion: str) -> list[str]:
+    """The leading run of ``First Last`` items separated by commas on the first non-empty line;
+    stops at the first piece that breaks the pattern (an unknown word, a third name, a stray mark)."""
+    lines = [ln for ln in completion.strip().splitlines() if ln.strip()]
+    out: list[str] = []
+    pending: list[str] = []
+    for piece in _PIECE_RE.findall(lines[0] if lines else ""):
+        if piece in _NAME_SET and len(pending) < 2:
+            pending.append(piece)
+            if len(pending) == 2:
+                out.append(" ".join(pending))
+        elif piece == "," and len(pending) == 2:
+            pending = []
+        else:
+            break
+    return out
+
+
+def apply_op(op: str, items: list[str]) -> list[str]:
+    """Reference result of ``op`` on ``items``."""
+    if op == "copy":
+        return list(items)
+    if op == "reverse":
+        return items[::-1]
+    if op == "sort":
+        return sorted(items, key=lambda s: tuple(s.split()))
+    if op == "dedupe":
+        return list(dict.fromkeys(items))
+    raise ValueError(f"unknown op {op!r}; valid ops: {', '.join(OPS)}")
+
+
+def format_items(items: list[str]) -> str:
+    return " , ".join(items)
+
+
+class LongListsSuite(TaskSuite):
+    """Copy / reverse / sort / dedupe of 22-48 full names, ops drawn uniformly from ``ops`` (default: all four)."""
+
+    name = "longlists"
+    # longest prompt: the dedupe words (9 tokens with ":") + 48 items (3 * 48 - 1)
+    max_prompt_tokens = 9 + 3 * MAX_LEN - 1
+    max_answer_tokens = 3 * MAX_LEN - 1
+
+    def __init__(self, ops=None) -> None:
+        chosen = tuple(OPS if ops is None else ops)
+        bad = [o for o in chosen if o not in OPS]
+        if bad or not chosen:
+            raise ValueError(f"unknown or empty ops {bad or chosen!r}; valid ops: {', '.join(OPS)}")
+        self.ops = chosen
+
+    def _draw(self, rng: random.Random) -> Problem:
+        op = rng.choice(self.ops)
+        if op == "dedupe":
+            items = rng.sample(FULL_NAMES, rng.randint(MIN_DISTINCT, MAX_DISTINCT))
+            for _ in range(rng.randint(MIN_REPEATS, MAX_REPEATS)):
+                name = rng.choice(items)
+                first = items.index(name)
+                items.insert(rng.randint(first + 1, len(items)), name)  # after its first occurrence
+        else:
+            items = rng.sample(FULL_NAMES, rng.randint(MIN_LEN, MAX_LEN))
+        result = apply_op(op, items)
+        meta = {"op": op, "items": items, "answer": result}
+        return Problem(f"{op}|{format_items(items)}", f"{PROMPTS[op]} {format_items(items)}",
+                       format_items(result), meta)
+
+    def category(self, example: Example) -> str:
+        """The operation (copy, reverse, sort, dedupe)."""
+        return example.meta["op"]
+
+    def score(self, example: Example, completion: str) -> Score:
+        """Exact list => correct (reward 1); otherwise 0.5 * positional accuracy."""
+        want = example.meta["answer"]
+        got = parse_full_names(completion)
+        right = sum(g == w for g, w in zip(got, want))
+        position_acc = right / max(len(want), len(got))
+        ok = got == want
+        details = {"parsed": len(got), "expected": len(want), "position_accuracy": position_acc}
+        return Score(ok, 1.0 if ok else 0.5 * position_acc, details)
