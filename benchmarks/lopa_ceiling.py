@@ -14,6 +14,14 @@ that keeps the pipeline can double d2f's TPF at that block length (LoPA's publis
 
     python benchmarks/lopa_ceiling.py --model tiny-d2f --suite gsm,arith --n 100 --branches 0,2
     python benchmarks/lopa_ceiling.py --block-length 16     # both strategies at another block size
+
+``--reference`` decodes nothing: it takes the suites' reference answers (plus the EOS) as the
+generated text and prints their token lengths and the ceiling at each of ``--blocks``, what any
+decoder that answers right could reach; ``--pad-numbers N`` tokenizes them with the suites'
+tokenizer as training builds it (``model.pad_numbers: N``) instead of ``--model``'s, so no model is
+needed:
+
+    python benchmarks/lopa_ceiling.py --reference --pad-numbers 2 --suite sudoku9,longlists,chain --n 600
 """
 
 from __future__ import annotations
@@ -30,6 +38,57 @@ def ceiling_rounds(generated_tokens: int, block: int) -> int:
     return max(1, math.ceil(generated_tokens / block))
 
 
+def _percentile(sorted_values: list[int], q: float) -> int:
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def reference_ceilings(tokenizer, suites: list[str], n: int, blocks: list[int]) -> list[dict]:
+    """Per suite and block size: the token lengths of ``n`` reference answers (EOS included) and the
+    suite's ceiling TPF on them, ``sum(L) / sum(ceil(L / B))``."""
+    from dllm.eval.tasks import get_suite
+
+    rows = []
+    for name in suites:
+        lengths = sorted(len(tokenizer(e.answer, add_special_tokens=False)["input_ids"]) + 1
+                         for e in get_suite(name).examples("test", n))
+        stats = {"min": lengths[0], "p10": _percentile(lengths, 0.1), "p50": _percentile(lengths, 0.5),
+                 "p90": _percentile(lengths, 0.9), "max": lengths[-1], "mean": sum(lengths) / len(lengths)}
+        for B in blocks:
+            floor = sum(ceiling_rounds(L, B) for L in lengths)
+            rows.append({"suite": name, "block_length": B, "n": len(lengths), "tokens": sum(lengths),
+                         "ceiling_rounds": floor, "ceiling_tpf": sum(lengths) / floor, "lengths": stats})
+    return rows
+
+
+def _reference_main(args) -> dict:
+    from dllm.tokenization import build_tokenizer, load_tokenizer
+
+    if args.pad_numbers is not None:
+        from dllm.training.data import suite_texts
+
+        tok = build_tokenizer(suite_texts(), pad_numbers=args.pad_numbers)
+        source = f"the suites' tokenizer, pad_numbers {args.pad_numbers}"
+    else:
+        from dllm.loading import resolve_model_path
+
+        tok = load_tokenizer(resolve_model_path(args.model))
+        source = f"{args.model}'s tokenizer"
+    blocks = [int(b) for b in args.blocks.split(",")]
+    rows = reference_ceilings(tok, args.suite.split(","), args.n, blocks)
+    print(f"reference answers + EOS, {args.n} test problems per suite, {source}")
+    print(f"{'suite':10s} {'tokens min/p10/p50/p90/max':>27s} {'mean':>6s} " + " ".join(f"{'B=' + str(b):>7s}" for b in blocks))
+    for i in range(0, len(rows), len(blocks)):
+        L = rows[i]["lengths"]
+        spread = f"{L['min']}/{L['p10']}/{L['p50']}/{L['p90']}/{L['max']}"
+        print(f"{rows[i]['suite']:10s} {spread:>27s} {L['mean']:6.1f} "
+              + " ".join(f"{r['ceiling_tpf']:7.2f}" for r in rows[i: i + len(blocks)]))
+    result = {"reference": True, "tokenizer": source, "n": args.n, "rows": rows}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny-d2f")
@@ -43,10 +102,19 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch-size", type=int, default=25)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--reference", action="store_true", help="no decoding: the ceiling of the suites' "
+                    "reference answers at each of --blocks")
+    ap.add_argument("--blocks", default="8,16,32", help="with --reference: comma-separated block sizes")
+    ap.add_argument("--pad-numbers", type=int, default=None, help="with --reference: tokenize with the "
+                    "suites' tokenizer built with this pad_numbers (0: plain digits) instead of --model's")
     args = ap.parse_args(argv)
+    if args.pad_numbers is not None and not args.reference:
+        ap.error("--pad-numbers goes with --reference (a decoding run uses the model's own tokenizer)")
     from dllm.eval.outputs import check_output_args
 
     check_output_args(ap, args.json)  # before the run: a report that cannot be written is lost with the run
+    if args.reference:
+        return _reference_main(args)
     torch.set_num_threads(args.threads)
 
     from transformers.utils import logging as hf_logging

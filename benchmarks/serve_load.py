@@ -20,6 +20,12 @@ OpenMP threads collapse on a shared CPU box). The clients are a minimal asyncio 
 default (``--client httpx`` for httpx), so the load generator takes little CPU from the server.
 
     python benchmarks/serve_load.py --model tiny-d2f --clients 8 --rounds 6 --max-tokens 64 --repeat 3
+
+``--mix`` gives requests different settings (request i uses set ``i % N``), as a server meets them:
+offline then runs the same requests grouped by settings, each group in batches of ``--clients``.
+
+    python benchmarks/serve_load.py --model tiny-d2f --mix '[{"strategy": "threshold", "threshold": 0.9},
+        {"strategy": "threshold", "threshold": 0.7}, {"strategy": "d2f"}, {"strategy": "d2f", "skip_threshold": 0.7}]'
     python benchmarks/serve_load.py --model random   # a random 5M-parameter model of the tiny shape
 """
 
@@ -108,20 +114,34 @@ class Offline:
         out = self.model.generate(ids, attention_mask=mask, generation_config=self.cfg)
         return time.perf_counter() - t0, out, ids.shape[1]
 
-    def run(self, prompts: list[str], batch: int) -> dict:
-        seconds, forward_s, tokens, lat, texts, forwards = 0.0, 0.0, 0, [], [], []
-        for i in range(0, len(prompts), batch):
-            chunk = prompts[i:i + batch]
-            dt, out, p = self._go(chunk)
-            seconds += dt
-            forward_s += out.timings.get("forward_seconds", 0.0)
-            for r in range(len(chunk)):
-                n, kept = count_tokens(out.sequences[r, p:].tolist(), self.tok.eos_token_id, self.max_tokens)
-                tokens += n
-                texts.append(self.tok.decode(kept, skip_special_tokens=True))
-                forwards.append(int(out.num_forwards[r]))
-                lat.append(dt)
-        return {"mode": f"offline (batches of {batch})", "requests": len(prompts), "tokens": tokens,
+    def run(self, prompts: list[str], batch: int, mix: list[dict] | None = None) -> dict:
+        """``mix``: request i uses the settings ``mix[i % len(mix)]`` over the base ones; the prompts are
+        grouped by settings, each group in batches of ``batch`` (what an offline user would do)."""
+        mix = mix or [{}]
+        base = self.cfg
+        groups: dict[int, list[int]] = {}
+        for i in range(len(prompts)):
+            groups.setdefault(i % len(mix), []).append(i)
+        seconds, forward_s, tokens, lat = 0.0, 0.0, 0, []
+        texts, forwards = [""] * len(prompts), [0] * len(prompts)
+        try:
+            for k, idx in groups.items():
+                self.cfg = base.replace(**mix[k]) if mix[k] else base
+                for i in range(0, len(idx), batch):
+                    chunk = idx[i:i + batch]
+                    dt, out, p = self._go([prompts[j] for j in chunk])
+                    seconds += dt
+                    forward_s += out.timings.get("forward_seconds", 0.0)
+                    for r, j in enumerate(chunk):
+                        n, kept = count_tokens(out.sequences[r, p:].tolist(), self.tok.eos_token_id, self.max_tokens)
+                        tokens += n
+                        texts[j] = self.tok.decode(kept, skip_special_tokens=True)
+                        forwards[j] = int(out.num_forwards[r])
+                        lat.append(dt)
+        finally:
+            self.cfg = base
+        grouped = " grouped by settings" if len(mix) > 1 else ""
+        return {"mode": f"offline (batches of {batch}{grouped})", "requests": len(prompts), "tokens": tokens,
                 "seconds": seconds, "latencies": lat, "ttft": [], "texts": texts, "forwards": forwards,
                 "forward_s": forward_s}
 
@@ -216,8 +236,10 @@ async def _httpx_lines(client: httpx.AsyncClient, body: dict):
 
 
 async def drive(url: str, prompts: list[str], clients: int, max_tokens: int, extra: dict,
-                kind: str = "raw") -> tuple[list[dict], float]:
-    """``clients`` closed-loop clients (each sends its next request when the last one is answered)."""
+                kind: str = "raw", mix: list[dict] | None = None) -> tuple[list[dict], float]:
+    """``clients`` closed-loop clients (each sends its next request when the last one is answered);
+    request i adds the settings ``mix[i % len(mix)]``."""
+    mix = mix or [{}]
     results: list[dict | None] = [None] * len(prompts)
     queues = [list(range(c, len(prompts), clients)) for c in range(clients)]
     limits = httpx.Limits(max_connections=clients + 2)
@@ -226,7 +248,7 @@ async def drive(url: str, prompts: list[str], clients: int, max_tokens: int, ext
             client = RawClient(url) if kind == "raw" else shared
             try:
                 for i in idx:
-                    results[i] = await one_request(client, prompts[i], max_tokens, extra)
+                    results[i] = await one_request(client, prompts[i], max_tokens, {**extra, **mix[i % len(mix)]})
             finally:
                 if kind == "raw":
                     await client.close()
@@ -333,10 +355,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-sequential", action="store_true", help="skip the one-at-a-time server run")
     ap.add_argument("--repeat", type=int, default=1,
                     help="interleaved repetitions of all runs; medians are shown (noisy machines)")
+    ap.add_argument("--mix", default="[]",
+                    help='mixed settings: a JSON list of option sets, request i uses set i %% N over --extra, e.g. '
+                         '\'[{"strategy": "threshold", "threshold": 0.9}, {"strategy": "d2f"}]\'; offline runs '
+                         'the same requests grouped by settings')
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
     check_output_args(ap, args.json)
     extra = json.loads(args.extra)
+    try:
+        mix = json.loads(args.mix)
+    except ValueError as err:
+        ap.error(f"--mix: not JSON ({err})")
+    if not isinstance(mix, list) or not all(isinstance(m, dict) for m in mix):
+        ap.error("--mix: a JSON list of objects")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     try:
         parsed = {m: parse_mode(m) for m in modes}
@@ -361,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = prompts_for(args.clients * args.rounds)
 
     offline = Offline(path, args.max_tokens, extra)
-    offline.run(prompts[: args.clients], args.clients)  # warm-up
+    offline.run(prompts[: args.clients], args.clients, mix)  # warm-up
     servers: dict[str, tuple[subprocess.Popen, str]] = {}
     # runs per repetition: offline, then server xN in each mode, then server x1 (on the first mode's
     # server: one request at a time never joins anything). Interleaved, so they share the machine's noise.
@@ -374,10 +406,10 @@ def main(argv: list[str] | None = None) -> int:
                                 engine_process=parsed[mode][2])
             servers[mode] = (proc, f"http://127.0.0.1:{port}")
             asyncio.run(drive(servers[mode][1], prompts[: args.clients], args.clients, args.max_tokens, extra,
-                              args.client))  # warm-up
+                              args.client, mix))  # warm-up
         for _ in range(args.repeat):
             c0 = cpu_seconds()
-            rows = {"offline": offline.run(prompts, args.clients)}
+            rows = {"offline": offline.run(prompts, args.clients, mix)}
             rows["offline"]["client_cpu_s"] = cpu_seconds() - c0
             plan = [(f"server x{args.clients} {m}", m, args.clients) for m in modes]
             plan += [] if args.skip_sequential else [("server x1", modes[0], 1)]
@@ -385,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
                 proc, url = servers[mode]
                 before = _batch_stats(httpx.get(url + "/metrics").text)
                 s0, c0 = cpu_seconds(proc.pid), cpu_seconds()
-                res, wall = asyncio.run(drive(url, prompts, clients, args.max_tokens, extra, args.client))
+                res, wall = asyncio.run(drive(url, prompts, clients, args.max_tokens, extra, args.client, mix))
                 s1, c1 = cpu_seconds(proc.pid), cpu_seconds()
                 after = _batch_stats(httpx.get(url + "/metrics").text)
                 row = server_row(name, res, wall)
@@ -409,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     med = statistics.median
     print(f"model={args.model} prompts={len(prompts)} clients={args.clients} max_tokens={args.max_tokens} "
           f"threads={torch.get_num_threads()} strategy={offline.cfg.strategy} block_length={offline.cfg.block_length} "
-          f"cache={offline.cfg.cache} extra={extra} repeat={args.repeat} (medians over repetitions)")
+          f"cache={offline.cfg.cache} extra={extra} mix={mix} repeat={args.repeat} (medians over repetitions)")
     head = f"{'mode':<24}{'req':>5}{'tokens':>8}{'wall s':>9}{'tok/s':>9}{'p50 lat':>9}{'p95 lat':>9}" \
            f"{'p50 ttft':>10}{'p95 ttft':>10}{'NFE/req':>9}{'rows/call':>10}"
     print(head)

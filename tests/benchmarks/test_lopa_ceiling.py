@@ -32,3 +32,25 @@ def test_block_length_override(run_benchmark):
                                             "--block-length", "16", "--set", "skip_threshold=0.9"])
     assert result["block_length"] == 16 and result["overrides"] == {"skip_threshold": 0.9, "block_length": 16}
     assert result["rows"][0]["ceiling_tpf"] <= 16
+
+
+def test_reference_answers_ceiling(run_benchmark):
+    """--reference: no decoding; each reference answer's tokens plus the EOS, and the ceiling per block size."""
+    from dllm.eval.tasks import get_suite
+    from dllm.loading import resolve_model_path
+    from dllm.tokenization import load_tokenizer
+
+    result = run_benchmark("lopa_ceiling", ["--reference", "--model", "tiny", "--suite", "arith,sudoku9",
+                                            "--n", "4", "--blocks", "8,32"])
+    rows = {(r["suite"], r["block_length"]): r for r in result["rows"]}
+    assert list(rows) == [("arith", 8), ("arith", 32), ("sudoku9", 8), ("sudoku9", 32)]
+    # tiny pads every number to 4 digits: an arith answer is 4 tokens + EOS, one round at any block size
+    assert rows["arith", 8]["ceiling_tpf"] == rows["arith", 32]["ceiling_tpf"] == 5.0
+    assert rows["arith", 8]["lengths"]["min"] == rows["arith", 8]["lengths"]["max"] == 5
+    tok = load_tokenizer(resolve_model_path("tiny"))
+    lengths = [len(tok(e.answer, add_special_tokens=False)["input_ids"]) + 1
+               for e in get_suite("sudoku9").examples("test", 4)]
+    for B in (8, 32):
+        r = rows["sudoku9", B]
+        assert r["tokens"] == sum(lengths) and r["ceiling_rounds"] == sum(-(-L // B) for L in lengths)
+        assert r["ceiling_tpf"] == sum(lengths) / r["ceiling_rounds"] <= B

@@ -40,3 +40,19 @@ def test_cpu_seconds_counts_child_processes(serve_load):
             os.kill(int(child), 9)
         parent.kill()
         parent.wait()
+
+
+def test_offline_mixed_settings_run_grouped_and_keep_the_request_order(serve_load):
+    """--mix: request i uses set i % N; offline groups the requests by settings and returns each
+    request's text where the request was, equal to running it alone with its settings."""
+    from dllm.loading import resolve_model_path
+
+    offline = serve_load.Offline(resolve_model_path("tiny"), 16, {"strategy": "threshold"})
+    prompts = serve_load.prompts_for(4)
+    mix = [{"threshold": 1.0}, {"threshold": 0.5}]
+    both = offline.run(prompts, 4, mix)
+    assert "grouped by settings" in both["mode"]
+    for i, prompt in enumerate(prompts):
+        alone = offline.run([prompt], 1, [mix[i % 2]])
+        assert alone["texts"] == [both["texts"][i]] and alone["forwards"] == [both["forwards"][i]]
+    assert both["forwards"][0] > both["forwards"][1]  # threshold 1.0: one token per forward
