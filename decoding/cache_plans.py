@@ -24,6 +24,11 @@ from .runner import ModelRunner
 
 
 class CachePlan:
+    #: A row may join in the middle of a block: the plan's forwards are exact for every row whenever it
+    #: arrived (no cache, or the exact block cache). The prefix and dual caches refresh at block starts,
+    #: so a row joining mid-block would see other refreshes than alone: those join at block boundaries.
+    joins_mid_block = False
+
     def __init__(self, model, cfg, state, runner: ModelRunner) -> None:
         self.cfg = cfg
         self.runner = runner
@@ -54,6 +59,8 @@ class CachePlan:
 
 
 class Recompute(CachePlan):
+    joins_mid_block = True
+
     def forward(self, state, lo, s, e, i):
         return self.runner.full(state.x, logits_from=s, **self.block_kw)[:, : e - s]
 
@@ -83,6 +90,8 @@ class Guided(CachePlan):
 
 
 class ExactBlocks(CachePlan):
+    joins_mid_block = True
+
     def __init__(self, model, cfg, state, runner) -> None:
         super().__init__(model, cfg, state, runner)
         self.cache = model.allocate_cache(state.key_valid, prompt_length=state.P)

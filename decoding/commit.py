@@ -19,6 +19,9 @@ class CommitPolicy:
     #: The reference runs exactly ``steps_per_block`` forwards per block without a cache, even when the
     #: block fills up early (LLaDA's and Dream's loops); with a cache the block ends when it is full.
     fixed_steps = False
+    #: Its choice depends only on the step's logits (no per-block schedule), so a row may join in the
+    #: middle of a block and decode as it does alone.
+    joins_mid_block = False
 
     def __init__(self, cfg, state) -> None:
         self.cfg = cfg
@@ -59,6 +62,8 @@ class Quota(CommitPolicy):
 class Threshold(CommitPolicy):
     """Fast-dLLM: every masked slot with confidence >= ``threshold`` (per row), plus the most confident one."""
 
+    joins_mid_block = True
+
     def select(self, conf, candidates, step, gen):
         tau = self.state.option("threshold")
         return select_threshold(conf, candidates, tau.to(conf.dtype) if torch.is_tensor(tau) else tau)
@@ -66,6 +71,8 @@ class Threshold(CommitPolicy):
 
 class Factor(CommitPolicy):
     """Fast-dLLM's factor rule (:func:`dllm.decoding.policies.select_factor`)."""
+
+    joins_mid_block = True
 
     def select(self, conf, candidates, step, gen):
         return select_factor(conf, candidates, self.cfg.factor)

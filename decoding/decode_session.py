@@ -61,8 +61,7 @@ class DecodeSession:
             raise GenerationConfigError("stop_strings need the tokenizer: pass tokenizer= to generate")
         self.streamer, self.criteria = streamer, tuple(criteria)
         self.resources = {"executor": branch_executor} if self.strategy.branches else {}
-        # classifier-free guidance doubles the batch inside a forward: rows are placed only at the start
-        self.joinable = bool(joinable) and self.strategy.joins_rows and cfg.cfg_scale == 0
+        self.joinable = bool(joinable) and self.strategy.can_join(cfg)
         self.join_max_spread_blocks = join_max_spread_blocks
         self.vocab = model.get_input_embeddings().num_embeddings
         self.device = model.get_input_embeddings().weight.device
@@ -92,7 +91,7 @@ class DecodeSession:
         if not self.joinable:
             raise GenerationConfigError(
                 f"strategy {self.strategy.name!r} does not take rows into a running batch"
-                + ("" if self.strategy.joins_rows else "; run them in a batch of their own"))
+                + ("" if self.strategy.can_join(self.cfg) else "; run them in a batch of their own"))
         prompts = [row[m.bool()].tolist() if m is not None else row.tolist()
                    for row, m in zip(ids, mask if mask is not None else [None] * ids.shape[0])]
         per_row = [{k: v[i] for k, v in values.items()} for i in range(len(prompts))]

@@ -6,13 +6,16 @@ points (without joining it runs exactly as a plain batch):
 
 * semi-AR (``vanilla``, ``threshold``, ``factor``, Dream's ``entropy``/``margin``/``maskgit_plus``;
   caches ``none``/``prefix``/``dual`` and the exact block cache of block-causal models): at every
-  block boundary. A new row's prompt is placed so that it *ends* at the current block start, so
-  its generated blocks coincide with the batch's block grid.
+  block boundary, and after every step where policy and plan allow it (``joins_mid_block``:
+  ``threshold``/``factor`` without a cache or with the exact block cache). A new row's prompt is
+  placed so that it *ends* at the current block start, so its generated blocks coincide with the
+  batch's block grid.
 * D2F pipeline (block-causal models): before every forward. Rows keep their own block grids, so a
   new row's prompt ends where the batch's forward window starts (the oldest uncached slot). With
   ``join_max_spread_blocks`` set, only while the live rows' windows span at most
   that many blocks from there (:func:`may_join`): rows that are far apart make every forward
   cover the union of their windows.
+* d3LLM without a cache: before every forward, as D2F (its full forwards keep no cache to move).
 
 Every row owns a slot range of the canvas (:meth:`dllm.decoding.state.DecodeState.admit`): slots outside
 it are invalid for the row (``key_valid``), RoPE positions count its valid slots only, and
@@ -30,8 +33,9 @@ runs alone. How its prompt's K/V get computed:
 Joining re-lays out the canvas and the cache (a copy, once per join): slots no live row uses any
 more are dropped on the left, so a long-running call does not grow without bound.
 
-Strategies that do not join (LoPA, d3LLM, the position-grid decoders, classifier-free guidance) take new
-rows in a batch of their own, which the server steps in turn with the running ones.
+Strategies that do not join (LoPA, d3LLM with a cache, token editing, the position-grid decoders,
+classifier-free guidance) take new rows in a batch of their own, which the server steps in turn with
+the running ones.
 """
 
 from __future__ import annotations

@@ -49,7 +49,9 @@ class Strategy:
     # position 0 (position-aligned block-causal models: SDAR, Fast-dLLM v2, LLaDA2)
     grid: str = "prompt"
     shifted_logits: bool = False  # needs a model whose token i is read at position i - 1 (Fast-dLLM v2)
-    joins_rows: bool = False  # rows may be added to a running batch (continuous batching)
+    # rows may be added to a running batch (continuous batching): a bool, or ``joins_rows(cfg)`` where it
+    # depends on the settings (read through :meth:`can_join`)
+    joins_rows: bool | Callable = False
     exact_replay: bool = False  # GRPO's trajectory estimator can replay its decoding steps exactly
     branches: bool = False  # evaluates lookahead branches (LoPA): a row costs lopa_branches + 1 canvas rows
     guidance: bool = False  # classifier-free guidance (cfg_scale > 0, without a cache)
@@ -64,6 +66,12 @@ class Strategy:
     def reads(self, option: str) -> bool:
         """Whether this strategy's decoding depends on ``option`` (a sweep over one it ignores is moot)."""
         return option in COMMON_OPTIONS or option in self.options
+
+    def can_join(self, cfg) -> bool:
+        """Whether rows may be added to a running batch decoding with ``cfg``."""
+        if cfg.cfg_scale:  # classifier-free guidance doubles the batch inside a forward: rows start together
+            return False
+        return bool(self.joins_rows(cfg) if callable(self.joins_rows) else self.joins_rows)
 
     def canvas_rows(self, cfg) -> int:
         """Canvas rows one answer occupies (LoPA: the anchor and its lookahead branches)."""

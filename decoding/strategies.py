@@ -41,6 +41,11 @@ def _lopa_refresh(model, cfg) -> None:
         )
 
 
+def _d3llm_joins(cfg) -> bool:
+    """Without a cache (``FullWindow``); the delayed cache's refreshes depend on every row."""
+    return cfg.cache == "none"
+
+
 def _edit_post_steps(cfg) -> int:
     """Up to ``max_post_steps`` edit-only forwards per block, one block more."""
     return (cfg.num_blocks + 1) * (cfg.max_post_steps + 1) + 2 * cfg.block_size
@@ -62,7 +67,7 @@ BUILTIN = [
     Strategy("d3llm", decode_pipeline,
              "d3LLM: pipelined multi-block decoding, commit tokens with entropy <= entropy_threshold",
              frozenset({"entropy_threshold", "block_add_threshold", "decoded_token_threshold", "cache", "cache_delay",
-                        "refresh_interval"}), policy=EntropyRule, threshold_option=None),
+                        "refresh_interval"}), policy=EntropyRule, threshold_option=None, joins_rows=_d3llm_joins),
     Strategy("d2f", decode_pipeline,
              "D2F: pipelined multi-block decoding with an exact block KV cache (tau_add/tau_act/tau_conf)", _D2F,
              policy=D2FRule, requires_block_causal=True, joins_rows=True, exact_replay=True,

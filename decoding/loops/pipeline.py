@@ -227,9 +227,10 @@ class ExactWindow:
 
 
 class FullWindow:
-    """d3LLM without a cache: a full forward over each row's prompt and appended blocks."""
+    """d3LLM without a cache: a full forward over each row's prompt and appended blocks. Nothing is cached,
+    so a row may join before any forward: its prompt and blocks are its own slots of the canvas."""
 
-    joins_rows = False
+    joins_rows = True
     cache = None
 
     def __init__(self, model, cfg, state, runner) -> None:
@@ -250,7 +251,11 @@ class FullWindow:
 
 class DelayedWindow(FullWindow):
     """d3LLM with a cache: a finished block is cached ``cache_delay`` forwards after its last token, and a full
-    forward refreshes everything while blocks stabilise or every ``refresh_interval`` forwards."""
+    forward refreshes everything while blocks stabilise or every ``refresh_interval`` forwards. When to
+    refresh depends on every row (any row stabilising), so a row that joined would not decode as alone:
+    rows do not join."""
+
+    joins_rows = False
 
     def __init__(self, model, cfg, state, runner) -> None:
         super().__init__(model, cfg, state, runner)

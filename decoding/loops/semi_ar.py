@@ -7,7 +7,9 @@ schedules) picks the masked positions to fill. The loop yields after every forwa
 
 Rows may join at block boundaries (``DecodeSession.add_rows``; see ``dllm.decoding.joining``): a new
 row's prompt ends at the current block start, and rows leave once their own ``num_blocks`` blocks
-are done, so the loop runs until no row is left and none is waiting.
+are done, so the loop runs until no row is left and none is waiting. Where both the policy and the
+plan allow it (``joins_mid_block``: threshold and factor without a cache or with the exact block
+cache) rows also join after any step, the current block being their first.
 
 Loop bounds follow the references: ``vanilla`` and the Dream algorithms without a cache run
 exactly ``steps/num_blocks`` forwards per block (LLaDA, Dream: no early exit); cached and threshold/factor variants check
@@ -34,6 +36,7 @@ def decode_semi_ar(model, state: DecodeState, gen: torch.Generator | None):
     policy = state.strategy.policy(cfg, state)
     spb = cfg.steps_per_block()
     fixed_steps = policy.fixed_steps and cfg.cache == "none"
+    mid_block = state.joining and policy.joins_mid_block and plan.joins_mid_block and not fixed_steps
 
     def keep_rows(keep):
         if keep is not None:
@@ -75,5 +78,10 @@ def decode_semi_ar(model, state: DecodeState, gen: torch.Generator | None):
             i += 1
             keep_rows(state.pop_finished())
             yield
+            if mid_block and state.live and state.incoming:  # rows join now, their first block this one
+                joined, shift, plan.cache = poll(state, place_at=s, runner=runner, cache=plan.cache)
+                if joined:
+                    s, e = s - shift, e - shift
+                    plan.joined(shift, int(state.row_spans()[0][-joined:].min()))
         s = e
     return {"forward_seconds": runner.forward_seconds, "forwards": runner.forwards}

@@ -59,6 +59,7 @@ CASES = [
     ("threshold", "none", "block_causal"),  # the exact block cache
     ("d2f", "none", "block_causal"), ("d2f", "none", "eos_block_causal"),
     ("threshold", "prefix", "dream"), ("entropy", "dual", "dream"),  # logit shift, GQA
+    ("d3llm", "none", "bidirectional"),  # the pipeline without a cache
 ]
 
 
@@ -76,7 +77,7 @@ def test_joined_rows_equal_their_single_runs(model, bc_model, eos_bc_model, drea
           "skip_threshold": 0.6, "stop_at_eos": stop_at_eos, "return_dict_in_generate": True}
     if which == "eos_block_causal":
         kw.update(block_add_threshold=0.25, decoded_token_threshold=0.5)  # several blocks in flight per row
-    assert get_strategy(strategy).joins_rows
+    assert get_strategy(strategy).can_join(m.diffusion_generation_config.replace(**kw))
     streamer = CollectingBatchStreamer()
     session = _session(m, kw, streamer)
     ids, mask = left_pad(INITIAL, PAD)
@@ -95,8 +96,11 @@ def test_joined_rows_equal_their_single_runs(model, bc_model, eos_bc_model, drea
             late = True
     # every row joined mid-call and got the next row indices in order
     assert [first for first, _ in added] == [2, 3, 5][: len(added)]
+    # threshold/factor without a cache or with the exact block cache join mid-block: the early rows then
+    # share the first rows' block grid and may all end together (no late join)
+    mid_block = getattr(get_strategy(strategy).policy, "joins_mid_block", False) and cache == "none"
     if not (stop_at_eos and which == "eos_block_causal"):  # there, every row may be gone already
-        assert late and all(live > 0 for _, live in added)
+        assert (late or mid_block) and all(live > 0 for _, live in added), (late, added, steps)
     out = session.output()
     prompts = INITIAL + joined
     assert out.sequences.shape == (len(prompts), max(map(len, prompts)) + G)
@@ -150,7 +154,8 @@ def test_a_session_that_has_drained_takes_no_more_rows(bc_model):
         session.add_rows([_ids(6, 9)])
 
 
-@pytest.mark.parametrize("strategy,extra", [("lopa", {}), ("d3llm", {}), ("vanilla", {"cfg_scale": 1.0})])
+@pytest.mark.parametrize("strategy,extra", [("lopa", {}), ("d3llm", {"cache": "prefix"}),
+                                            ("vanilla", {"cfg_scale": 1.0})])
 def test_strategies_without_joining_refuse_rows_once_running(model, strategy, extra):
     cfg = DiffusionGenerationConfig(strategy=strategy, max_new_tokens=8, block_length=B, **extra)
     session = DecodeSession(model, cfg, joinable=True)
@@ -226,3 +231,26 @@ def test_a_session_that_is_not_joinable_runs_as_a_plain_batch(bc_model):
         session.add_rows([_ids(5, 9)])
     out = session.run()
     assert torch.equal(out.sequences, bc_model.generate(torch.tensor([_ids(7, 3)]), **kw).sequences)
+
+
+@pytest.mark.parametrize("strategy,cache,which", [
+    ("threshold", "none", "bidirectional"), ("factor", "none", "bidirectional"),
+    ("threshold", "none", "block_causal"), ("d2f", "none", "block_causal"), ("d3llm", "none", "bidirectional"),
+])
+def test_a_row_added_between_steps_is_decoded_by_the_next_step(model, bc_model, strategy, cache, which):
+    """No waiting for a block boundary where the forwards stay exact: the row's first committed tokens
+    come from the very next forward (and still equal its single run, above)."""
+    m = {"bidirectional": model, "block_causal": bc_model}[which]
+    kw = {"max_new_tokens": G, "block_length": B, "strategy": strategy, "cache": cache, "threshold": 1.0,
+          "factor": 0.01, "skip_threshold": 0.6, "stop_at_eos": False}  # semi-AR: one token per step
+    session = _session(m, kw)
+    session.add_rows(INITIAL)
+    session.step()
+    session.step()  # mid-block for the semi-AR strategies: 2 steps into a block of 4
+    (row,) = session.add_rows([_ids(7, 3)])
+    session.step()
+    state = session.state
+    assert state.live == 3  # joined
+    r = state.live - 1
+    start = int(state.gstart[r])
+    assert bool((state.x[r, start : start + G] != m.config.mask_token_id).any())
