@@ -156,3 +156,55 @@ def test_one_request_cannot_take_unbounded_work(serve, checkpoint):
         assert httpx.post(url + "/v1/completions", json=small).status_code == 200
     with serve(checkpoint) as (url, app):
         assert app.state.dllm.bundle.max_request_tokens == 65_536  # the default (memory allows more here)
+
+
+def test_64_clients_at_once_get_answers_or_retryable_503s_and_no_5xx(serve, checkpoint):
+    """A burst larger than the queue: every response is a 200 or a 503 with Retry-After, in the OpenAI
+    shape; none is another 5xx; the server keeps answering afterwards."""
+    with serve(checkpoint, max_queue=16, max_batch_size=8) as (url, app):
+        async def one(client, i):
+            body = {"model": MODEL, "prompt": f"the cat {i}", "max_tokens": 8, "stream": bool(i % 2)}
+            return await client.post("/v1/completions", json=body)
+
+        async def burst():
+            async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=70)) as c:
+                return await asyncio.gather(*[one(c, i) for i in range(64)])
+
+        responses = asyncio.run(burst())
+        codes = [r.status_code for r in responses]
+        assert set(codes) <= {200, 503} and codes.count(200) >= 16, codes
+        for r in responses:
+            if r.status_code == 503:
+                assert _error(r)["code"] and 1 <= int(r.headers["retry-after"]) <= 60
+        assert httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 4}).status_code == 200
+        metrics = httpx.get(url + "/metrics").text
+        assert not any(ln.startswith("dllm_request_errors_total") and 'status="5' in ln and 'status="503"' not in ln
+                       and not ln.rstrip().endswith(" 0.0") for ln in metrics.splitlines())
+
+
+def test_a_small_request_streams_while_a_maximal_one_decodes(serve, checkpoint):
+    """Batches take turns: a small request with other settings gets its first text while a long request
+    (one token per forward, hundreds of forwards) is still decoding, instead of after it."""
+    with serve(checkpoint, max_batch_size=1, max_batches=2) as (url, app):
+        big = {"model": MODEL, "prompt": "the cat", "max_tokens": 256, "temperature": 0, "strategy": "vanilla",
+               "ignore_eos": True, "block_length": 256}
+        small = {"model": MODEL, "prompt": "hi", "max_tokens": 8, "temperature": 0, "stream": True}
+        done = {}
+
+        def run_big():
+            t0 = time.perf_counter()
+            httpx.post(url + "/v1/completions", json=big, timeout=300)
+            done["big"] = time.perf_counter() - t0
+
+        t = threading.Thread(target=run_big)
+        t0 = time.perf_counter()
+        t.start()
+        time.sleep(0.3)  # the big request is decoding
+        with httpx.stream("POST", url + "/v1/completions", json=small, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {") and '"text":""' not in line.replace(" ", ""):
+                    first = time.perf_counter() - t0
+                    break
+        assert "big" not in done, "the big request ended before the small one's first text"
+        t.join()
+    assert first < done["big"] / 2, (first, done["big"])
