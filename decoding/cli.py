@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import typer
@@ -25,6 +26,9 @@ def generate(
     lopa_branches: int | None = typer.Option(None, "--lopa-branches", help="LoPA lookahead branches."),
     branch_parallel: int = typer.Option(1, "--branch-parallel",
                                         help="Evaluate LoPA branches on N local processes (torch.distributed)."),
+    tensor_parallel: int = typer.Option(1, "--tensor-parallel",
+                                        help="Shard every layer over N processes; run under "
+                                             "torchrun --nproc-per-node N (rank 0 prints)."),
     dtype: str | None = typer.Option(None, help="float32, bfloat16 or float16."),
     device: str | None = typer.Option(None, help="cpu, cuda, cuda:1, ..."),
     options: list[str] | None = typer.Option(None, "--set", "-s",
@@ -54,12 +58,33 @@ def generate(
         prompts = [prompt]
     if batch_size < 1:
         fail("--batch-size must be >= 1")
-    if stream and (as_json or branch_parallel > 1):
-        fail("--stream prints plain text from one process; leave out --json and --branch-parallel")
+    if stream and (as_json or branch_parallel > 1 or tensor_parallel > 1):
+        fail("--stream prints plain text from one process; leave out --json, --branch-parallel "
+             "and --tensor-parallel")
+    if tensor_parallel > 1 and branch_parallel > 1:
+        fail("--tensor-parallel and --branch-parallel cannot be combined")
+    rank = 0
+    if tensor_parallel > 1:
+        from dllm.parallel.tensor import init_from_env
+
+        rank, world, device = init_from_env(device)
+        if world != tensor_parallel:
+            fail(f"--tensor-parallel {tensor_parallel} runs under torchrun --nproc-per-node {tensor_parallel} "
+                 f"(this run has WORLD_SIZE={world})")
+    elif tensor_parallel < 1:
+        fail("--tensor-parallel must be >= 1")
     try:
         overrides = {**parse_overrides(options or []), **flags}
         path = resolve_model_path(model)
         m = load_model(path, dtype=dtype, device=device)
+        if tensor_parallel > 1:
+            import torch
+
+            from dllm.parallel.tensor import broadcast_int, shard_model
+
+            shard_model(m)
+            # every rank runs the whole decoding loop: sampling without --seed must draw the same tokens on all
+            torch.manual_seed(broadcast_int(int.from_bytes(os.urandom(4), "little")))
         tok = load_tokenizer_for(path)
         cfg = m.diffusion_generation_config
         if "max_new_tokens" in overrides and "block_length" not in overrides and cfg.block_length:
@@ -87,6 +112,12 @@ def generate(
     except USER_ERRORS as err:
         fail(str(err))
         return
+    if tensor_parallel > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()  # the collectives are over; only rank 0 prints
+        if rank != 0:
+            return
     strategy_name = cfg.replace(**overrides).strategy
     for result in results:
         tps = result.generated_tokens / result.seconds if result.seconds > 0 else float("inf")

@@ -1,0 +1,1 @@
+"""Running one model over several processes (``torch.distributed``): :mod:`dllm.parallel.tensor`."""

@@ -1,0 +1,223 @@
+"""Tensor-parallel shards on 2 gloo CPU processes equal one process: identical tokens and forward counts
+(bundled tiny: threshold + dual cache; tiny-d2f: d2f and lopa) and logits within 1e-5 for a tiny random
+model of every family (LLaDA GQA, Dream, SDAR, Fast-dLLM v2, LLaDA-MoE, LLaDA2).
+
+One spawn of two workers runs every case (process start-up dominates); the parent computes the
+single-process references and compares.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+
+WORLD = 2
+PROMPTS = ("What is 123 + 45 ?", "reverse : Ann Bob Cal")  # task-suite prompts the bundled models answer
+FAMILIES = ("llada-gqa", "dream", "sdar", "fast-dllm-v2", "llada-moe", "llada2")
+
+
+def _family_model(name: str):
+    from dllm import testing
+
+    if name == "llada-gqa":
+        return testing.tiny_llada(seed=1, n_kv_heads=2, initializer_range=0.1)
+    if name == "dream":
+        return testing.tiny_dream(seed=1, initializer_range=0.1)
+    if name in ("sdar", "fast-dllm-v2"):
+        return testing.tiny_block_model(name, seed=1)
+    return testing.tiny_moe_model(name, seed=1)
+
+
+def _family_ids(name: str) -> torch.Tensor:
+    vocab = 60 if name in ("llada-gqa", "dream") else 400
+    return torch.randint(4, vocab, (2, 12), generator=torch.Generator().manual_seed(0))
+
+
+def _generation_cases():
+    from dllm.decoding.config import DiffusionGenerationConfig
+    from dllm.loading import load_model, resolve_model_path
+
+    base = dict(max_new_tokens=16, return_dict_in_generate=True, pad_token_id=0)
+    tiny = load_model(resolve_model_path("tiny"))
+    d2f = load_model(resolve_model_path("tiny-d2f"))
+    return {
+        "threshold-dual": (tiny, DiffusionGenerationConfig(strategy="threshold", cache="dual", threshold=0.999,
+                                                           block_length=8, mask_token_id=3, **base)),
+        "d2f": (d2f, d2f.diffusion_generation_config.replace(block_length=8, skip_threshold=0.999, **base)),
+        "lopa": (d2f, d2f.diffusion_generation_config.replace(strategy="lopa", lopa_branches=2, block_length=8,
+                                                              **base)),
+    }
+
+
+def _prompt_batch():
+    import dllm
+    from dllm.text import encode_prompts
+
+    return encode_prompts(dllm.load_tokenizer("tiny"), list(PROMPTS))
+
+
+def _run_generation(model, cfg) -> dict:
+    ids, mask = _prompt_batch()
+    out = model.generate(ids, attention_mask=mask, generation_config=cfg)
+    return {"sequences": out.sequences, "num_forwards": out.num_forwards}
+
+
+def _results(shard) -> dict:
+    """Every case's outputs; ``shard`` makes each model a tensor-parallel shard first."""
+    from dllm.parallel.tensor import shard_model
+
+    res = {}
+    models = {}
+    for name, (model, cfg) in _generation_cases().items():
+        if shard and id(model) not in models:
+            shard_model(model)
+        models[id(model)] = model
+        res[name] = _run_generation(model, cfg)
+    for fam in FAMILIES:
+        model = _family_model(fam)
+        if shard:
+            shard_model(model)
+        with torch.inference_mode():
+            ids = _family_ids(fam)
+            res[fam] = model(ids).logits
+            # a cached forward: the shard's cache holds its local KV heads only
+            valid = torch.ones_like(ids, dtype=torch.bool)
+            cache = model.allocate_cache(valid, prompt_length=ids.shape[1] // 2)
+            res[fam + "-cached"] = model(ids, kv_cache=cache, cache_mode="fill").logits
+            res[fam + "-kv-heads"] = cache.keys[0].shape[1]
+    return res
+
+
+def _worker(rank: int, init: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
+    try:
+        res = _results(shard=True)
+        from dllm.parallel.tensor import shard_model
+
+        bad = _family_model("dream")
+        bad.model.layers[0].num_kv_heads = 1  # as a checkpoint with one KV head would be
+        try:
+            shard_model(bad)
+        except ValueError as err:
+            res["error"] = str(err)
+            res["error-untouched"] = getattr(bad, "tensor_parallel", None) is None
+        torch.save(res, Path(out_dir, f"rank{rank}.pt"))
+    except BaseException:
+        Path(out_dir, f"rank{rank}.err").write_text(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    import torch.multiprocessing as mp
+
+    tmp = tmp_path_factory.mktemp("tp")
+    init = Path(tmp, "store").resolve().as_uri()
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(r, init, str(tmp)), daemon=True) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        reference = _results(shard=False)
+    finally:
+        torch.set_num_threads(threads)
+    for p in procs:
+        p.join(timeout=180)
+        if p.is_alive():
+            p.kill()
+    errors = [f.read_text() for f in sorted(tmp.glob("*.err"))]
+    assert not errors, "\n".join(errors)
+    ranks = [torch.load(Path(tmp, f"rank{r}.pt"), weights_only=False) for r in range(WORLD)]
+    return reference, ranks
+
+
+@pytest.mark.parametrize("case", ["threshold-dual", "d2f", "lopa"])
+def test_generation_identical_to_one_process(runs, case):
+    reference, ranks = runs
+    for res in ranks:
+        assert torch.equal(res[case]["sequences"], reference[case]["sequences"])
+        assert torch.equal(res[case]["num_forwards"], reference[case]["num_forwards"])
+    assert (reference[case]["sequences"][:, -16:] != 3).all()  # the canvas was decoded, not left masked
+    assert int(reference[case]["num_forwards"].max()) >= 2  # several forwards, so the cache was reused
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_close_for_every_family(runs, family):
+    reference, ranks = runs
+    for res in ranks:
+        for key in (family, family + "-cached"):
+            assert res[key].shape == reference[key].shape
+            torch.testing.assert_close(res[key], reference[key], atol=1e-5, rtol=0)
+        assert res[family + "-kv-heads"] * WORLD == reference[family + "-kv-heads"]
+    assert reference[family].std() > 0.5  # logits of a useful size, so atol 1e-5 is a real bound
+    assert torch.equal(ranks[0][family], ranks[1][family])  # the gathered head: every rank has the same logits
+
+
+def test_indivisible_heads_are_refused(runs):
+    _, ranks = runs
+    for res in ranks:
+        assert "KV heads = 1" in res["error"] and "2 ranks" in res["error"]
+        assert res["error-untouched"]
+
+
+def test_divisibility_is_checked_before_any_change():
+    from dllm.parallel.tensor import check_divisible
+    from dllm.testing import tiny_dream
+
+    with pytest.raises(ValueError, match=r"attention heads = 4, KV heads = 2"):
+        check_divisible(tiny_dream(), 3)
+    with pytest.raises(ValueError, match=r"MLP width = 90"):
+        check_divisible(tiny_dream(intermediate_size=90), 4)
+    check_divisible(tiny_dream(), 2)
+
+
+def test_cli_rejects_a_world_that_differs(monkeypatch):
+    """--tensor-parallel N outside torchrun (WORLD_SIZE unset) says how to launch it."""
+    from typer.testing import CliRunner
+
+    from dllm.cli import app
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    result = CliRunner().invoke(app, ["generate", "hi", "--tensor-parallel", "2"])
+    assert result.exit_code != 0
+    assert "torchrun --nproc-per-node 2" in result.output
+
+
+
+def test_generate_under_torchrun_prints_once_and_matches_one_process():
+    """``torchrun --nproc-per-node 2 -m dllm generate --tensor-parallel 2``: rank 0 alone prints, the same
+    answer and forward count as one process."""
+    import json
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from dllm.cli import app
+
+    args = ["generate", "What is 123 + 45 ?", "--strategy", "threshold", "--cache", "dual", "--threshold", "0.999",
+            "--json"]
+    single = CliRunner().invoke(app, args)
+    assert single.exit_code == 0, single.output
+    [want] = [json.loads(line) for line in single.stdout.splitlines() if line.startswith("{")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "dllm", *args, "--tensor-parallel", "2"], capture_output=True, text=True, env=env,
+                         timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert len(got) == 1  # rank 0 only
+    assert got[0]["text"] == want["text"] == "168"
+    assert got[0]["num_forwards"] == want["num_forwards"] >= 2
