@@ -11,8 +11,9 @@ postprocess**:
   (``Strategy.row_options``: ``threshold``, ``skip_threshold``), so requests that differ only there share
   every forward. A batch that is not full waits for more requests until none arrived for
   ``batch_wait`` (or, after a batch, for as many requests as it had, up to ``10 x batch_wait``); a
-  request whose settings match a running batch waits up to ``10 x batch_wait`` for that batch
-  before it gets one of its own. A request that samples (temperature > 0) with a ``seed`` runs in a
+  request whose settings match a running batch (that it cannot join) starts with the next batch of
+  those settings, when the running one ends, while requests of other settings may start meanwhile:
+  same-settings work is not split into small batches. A request that samples (temperature > 0) with a ``seed`` runs in a
   batch of its own, so its output depends only on the request.
 * **run**: one ``step()`` of the next batch in turn (round robin): one forward and its commits. A
   large request therefore holds the decoder for one step at a time, and a small request that arrives
@@ -431,23 +432,25 @@ class Engine:
                     if req is not head and req.key == head.key and rows + len(req.rows) <= self.max_batch_size:
                         group.append(req)
                         rows += len(req.rows)
+            if rows < self.max_batch_size and any(run.key == head.key for run in self._running):
+                # a batch of its settings is running: it starts with the next one, when that ends (or joins
+                # it, where joining is on), so same-settings work is not split into small batches; requests
+                # of other settings may start meanwhile
+                continue
             ready_at = self._ready_at(head, rows)
             if ready_at <= now:
                 return group, None
-            return None, ready_at  # the oldest request decides: nothing overtakes it
+            return None, ready_at  # the oldest request that may start decides: nothing overtakes it
         return None, None
 
     def _ready_at(self, head: EngineRequest, rows: int) -> float:
         """When a batch headed by ``head`` with ``rows`` rows starts. Two signals say more work is coming:
         requests are still arriving (a gap of batch_wait ends that), and the clients served by the batch
-        that just ended (closed-loop clients send their next request at once). A request whose settings
-        match a running batch waits for it, as it would for a full batch. Every wait ends max_wait
+        that just ended (closed-loop clients send their next request at once). Every wait ends max_wait
         after it began."""
         if rows >= self.max_batch_size:
             return 0.0
         cap = max(self._batch_end, head.arrival) + self.max_wait
-        if any(run.key == head.key for run in self._running):
-            return cap
         ready = self._last_arrival + self.batch_wait
         if not self._running and len(self._pending) < self._expect:
             ready = cap

@@ -120,10 +120,14 @@ def test_admission_joins_in_arrival_order_within_the_batch_size_and_starts_other
         assert run.requests == [running, a, b] and run.batch.prompts == [[4], [5], [6], [7]]  # 1 + 2 + 1 rows
         assert e._pending == [c, d, iso]  # c waits batch_wait for company, and nothing overtakes it
         _admit(e, now + e.batch_wait + 1e-3)
-        assert [r.requests for r in e._running[1:]] == [[c]]
-        assert e._pending == [d, iso]  # d has the settings of a full running batch: it waits for it...
-        _admit(e, now + e.max_wait + 1e-3)
-        assert [r.requests for r in e._running[2:]] == [[d], [iso]]  # ... at most max_wait
+        assert [r.requests for r in e._running[1:]] == [[c], [iso]]
+        assert e._pending == [d]  # d has the settings of a full running batch: it waits for that batch...
+        _admit(e, now + 100 * e.max_wait)
+        assert e._pending == [d]  # ... however long it runs
+        with e._cond:
+            e._running.remove(run)  # it ends
+        _admit(e, now + 100 * e.max_wait)
+        assert [r.requests for r in e._running[2:]] == [[d]]
         assert e.queue_depth == 0
 
     asyncio.run(main())
