@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from .errors import CheckpointError
 
+# family name -> its published mask id, in registration order; dllm.modeling.families fills it as each
+# family registers (this module stays below the model code: decoders import it)
+KNOWN_MASK_IDS: dict[str, int] = {}
+
 
 def require_mask_token(model, tokenizer=None) -> int:
     """The mask id from the config, else the tokenizer; a clear error naming the fix when there is none, or
@@ -16,10 +20,15 @@ def require_mask_token(model, tokenizer=None) -> int:
     if mask_id is None:
         raise CheckpointError(
             "this checkpoint defines no mask token: set \"mask_token_id\" in its config.json "
-            "(LLaDA: 126336, Dream: 151666) or give the tokenizer a mask_token"
+            f"({known_mask_ids()}) or give the tokenizer a mask_token"
         )
     check_in_vocabulary(model, "mask_token_id", int(mask_id))
     return int(mask_id)
+
+
+def known_mask_ids() -> str:
+    """The published mask id of every registered family, for error messages: ``"LLaDA: 126336, ..."``."""
+    return ", ".join(f"{name}: {mask_id}" for name, mask_id in KNOWN_MASK_IDS.items())
 
 
 def check_in_vocabulary(model, name: str, token_id: int) -> None:

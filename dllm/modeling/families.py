@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dllm.errors import CheckpointError
+from dllm.special_ids import KNOWN_MASK_IDS
 
 from .configuration import _FAMILY_LOOKUP, DreamConfig, LLaDAConfig
 from .core import DreamModel, LLaDAModelLM
@@ -34,6 +35,8 @@ FAMILIES: list[Family] = [
 ]
 
 
+KNOWN_MASK_IDS.update({f.name: f.mask_token_id for f in FAMILIES if f.mask_token_id is not None})
+
 # architectures[0] -> why dllm does not load it yet and what to use instead (a format module fills it in)
 UNSUPPORTED: dict[str, str] = {}
 
@@ -43,6 +46,8 @@ def register(family: Family) -> None:
     if any(f.architecture == family.architecture for f in FAMILIES):
         raise ValueError(f"architecture {family.architecture!r} is registered already")
     FAMILIES.append(family)
+    if family.mask_token_id is not None:
+        KNOWN_MASK_IDS[family.name] = family.mask_token_id  # named by require_mask_token's error
 
 
 def family_of(config: dict, where: str = "config.json") -> Family:

@@ -322,8 +322,17 @@ def test_unusable_devices_fail_before_loading(tmp_path):
 
 def test_missing_mask_token_error_names_the_fix():
     model = tiny_llada(mask_token_id=None)
-    with pytest.raises(CheckpointError, match="mask_token_id"):
+    with pytest.raises(CheckpointError, match="mask_token_id") as err:
         require_mask_token(model)
+    # every family's published id, the block-diffusion ones included (SDAR's config says 151669; Fast-dLLM v2's
+    # decoders hard-code 151665)
+    for family, mask in (("LLaDA", 126336), ("Dream", 151666), ("SDAR", 151669), ("Fast-dLLM v2", 151665),
+                         ("LLaDA2", 156895), ("LLaDA-MoE", 156895)):
+        assert f"{family}: {mask}" in str(err.value)
+    from dllm.modeling import FAMILIES, fast_dllm_v2, sdar
+
+    assert (sdar.MASK_ID, fast_dllm_v2.MASK_ID) == (151669, 151665)
+    assert all(f"{f.name}: {f.mask_token_id}" in str(err.value) for f in FAMILIES)  # built from the family table
     assert require_mask_token(tiny_llada()) == MASK
 
 

@@ -34,3 +34,28 @@ def test_chat_on_moe_checkpoints(serve, moe_checkpoints, family):
             assert card["id"] == MODEL
             bad = httpx.post(url + "/v1/chat/completions", json={**body, "strategy": "edit"}, timeout=60)
             assert bad.status_code == 400 and "block-causal" in bad.text
+
+
+def test_streamed_edit_deltas_join_to_the_whole_answer(serve, moe_checkpoints):
+    """`edit` may rewrite committed tokens of the current block: the stream sends only finished text, so the
+    joined SSE deltas are the non-streamed answer for the same body (temperature 0)."""
+    import json
+
+    with serve(moe_checkpoints["llada2"]) as (url, _app):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "reverse : Ann Bob Cal"}], "max_tokens": 48,
+                "temperature": 0, "strategy": "edit", "editing_threshold": 0.5}
+        whole = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+        assert whole.status_code == 200, whole.text
+        whole = whole.json()
+        assert whole["dllm"]["strategy"] == "edit"
+        content = whole["choices"][0]["message"]["content"]
+        with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+            assert r.status_code == 200
+            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]"
+        chunks = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+        deltas = [c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]]
+        assert content and sum(1 for d in deltas if d) >= 2  # the text came block by block, not all at the end
+        assert "".join(deltas) == content
+        finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+        assert finish == [whole["choices"][0]["finish_reason"]]

@@ -62,3 +62,26 @@ def test_grpo_on_llada2_with_edit_rollouts(moe_checkpoints, tmp_path):
     assert isinstance(exported, dllm.modeling.LLaDA2MoeModelLM)
     # the published checkpoint had no dllm decoding defaults: the export keeps its family's decoder
     assert exported.diffusion_generation_config.strategy == "edit"
+
+
+def test_grpo_on_llada_moe_with_threshold_rollouts(moe_checkpoints, tmp_path):
+    # LLaDA-MoE is bidirectional: no `edit`; the answer spans whole rollout blocks (32 slots)
+    cfg = GRPOConfig(run_dir=str(tmp_path / "grpo"), max_steps=2, batch_size=64, num_threads=1, log_every=1,
+                     save_every=0, progress=False, model={"path": str(moe_checkpoints["llada-moe"])},
+                     data={"tasks": {"arith": 1}, "max_new_tokens": 32, "mix": "per_example"},
+                     rollout={"group_size": 4, "prompts_per_step": 2, "max_refill_rounds": 0, "strategy": "threshold",
+                              "temperature": 1.0, "threshold": 0.9},
+                     filter={"enabled": False}, loss={"estimator": "block_masked"},
+                     optim={"lr": 1e-4, "schedule": "constant", "warmup_steps": 0})
+    result = GRPOTrainer(cfg).train()
+    assert result.status == "finished" and result.step == 2 and result.updates == 2
+    export = Path(result.export_dir)
+    assert json.loads((export / "config.json").read_text())["architectures"] == ["LLaDAMoEModelLM"]
+    index = json.loads((export / "model.safetensors.index.json").read_text()) if (
+        export / "model.safetensors.index.json").exists() else None
+    names = set(index["weight_map"]) if index else set(
+        __import__("safetensors").safe_open(str(export / "model.safetensors"), "pt").keys())
+    assert names == set(json.loads((FIXTURES / "reference_tensor_names.json").read_text())["llada-moe"])
+    exported = dllm.load_model(export)
+    assert isinstance(exported, dllm.modeling.LLaDAMoEModelLM)
+    assert exported.diffusion_generation_config.strategy == "threshold"
