@@ -247,30 +247,22 @@ class LLaDAModelLM(DiffusionLM):
         return self.model.transformer["ff_out"] if "ff_out" in self.model.transformer else None
 
 
-class _Qwen2Backbone(nn.Module):
-    def __init__(self, spec: CoreSpec) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(spec, QWEN2_LAYER_NAMES, i) for i in range(spec.num_layers))
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+class BackboneLM(DiffusionLM):
+    """The ``model.*`` + ``lm_head`` layout of the Qwen-style formats (Dream, SDAR, Fast-dLLM v2, the MoE
+    formats): a subclass builds its backbone with :meth:`_attach`; the backbone holds the embedding
+    (``embedding_name``), ``layers`` and ``norm``."""
 
+    embedding_name = "embed_tokens"
 
-class DreamModel(DiffusionLM):
-    """Dream checkpoint format: Qwen2 tensor names, q/k/v bias, GQA and the logit shift."""
-
-    config_class = DreamConfig
-
-    def __init__(self, config: DreamConfig) -> None:
-        super().__init__(config)
-        self._setup_core()
-        self.model = _Qwen2Backbone(self.spec)
+    def _attach(self, backbone: nn.Module) -> None:
+        self.model = backbone
         self.lm_head = None if self.spec.tie_embeddings else nn.Linear(
             self.spec.hidden_size, self.spec.vocab_size, bias=False
         )
         self.post_init()
 
     def _embedding(self) -> nn.Embedding:
-        return self.model.embed_tokens
+        return getattr(self.model, self.embedding_name)
 
     def _blocks(self) -> nn.ModuleList:
         return self.model.layers
@@ -280,3 +272,22 @@ class DreamModel(DiffusionLM):
 
     def _head(self) -> nn.Linear | None:
         return self.lm_head
+
+
+class _Qwen2Backbone(nn.Module):
+    def __init__(self, spec: CoreSpec) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(spec, QWEN2_LAYER_NAMES, i) for i in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+
+class DreamModel(BackboneLM):
+    """Dream checkpoint format: Qwen2 tensor names, q/k/v bias, GQA and the logit shift."""
+
+    config_class = DreamConfig
+
+    def __init__(self, config: DreamConfig) -> None:
+        super().__init__(config)
+        self._setup_core()
+        self._attach(_Qwen2Backbone(self.spec))

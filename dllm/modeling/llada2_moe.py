@@ -31,7 +31,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from .configuration import CheckpointConfigError, CoreSpec
-from .core import DiffusionLM
+from .core import BackboneLM
 from .families import Family, register
 from .layers import DecoderLayer, LayerNames, RMSNorm
 from .moe import Experts, SwiGLU, requested_path, route_sigmoid_grouped
@@ -222,7 +222,7 @@ class _LLaDA2Backbone(nn.Module):
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
 
-class LLaDA2MoeModelLM(DiffusionLM):
+class LLaDA2MoeModelLM(BackboneLM):
     """LLaDA2.x checkpoint format (see the module docstring)."""
 
     config_class = LLaDA2MoeConfig
@@ -233,30 +233,17 @@ class LLaDA2MoeModelLM(DiffusionLM):
     # generate's default), which a 2.0 checkpoint, never trained to edit, must not get by default.
     family_decoding = {"strategy": "edit", "threshold": 0.95, "editing_threshold": 1.0}  # noqa: RUF012
 
+    embedding_name = "word_embeddings"
+
     def __init__(self, config: LLaDA2MoeConfig) -> None:
         super().__init__(config)
         self._setup_core()
-        self.model = _LLaDA2Backbone(self.spec, config)
-        self.lm_head = None if self.spec.tie_embeddings else nn.Linear(
-            self.spec.hidden_size, self.spec.vocab_size, bias=False)
-        self.post_init()
+        self._attach(_LLaDA2Backbone(self.spec, config))
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
         if isinstance(module, SigmoidGroupedGate):
             nn.init.normal_(module.weight, std=getattr(self.config, "initializer_range", 0.02))
-
-    def _embedding(self) -> nn.Embedding:
-        return self.model.word_embeddings
-
-    def _blocks(self) -> nn.ModuleList:
-        return self.model.layers
-
-    def _final_norm(self) -> RMSNorm:
-        return self.model.norm
-
-    def _head(self) -> nn.Linear | None:
-        return self.lm_head
 
 
 register(Family("LLaDA2", "LLaDA2MoeModelLM", "llada2_moe", LLaDA2MoeConfig, LLaDA2MoeModelLM, MASK_ID,

@@ -26,7 +26,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from .configuration import CheckpointConfigError, CoreSpec
-from .core import DiffusionLM
+from .core import BackboneLM
 from .families import Family, register
 from .layers import QWEN2_LAYER_NAMES, DecoderLayer, LayerNames, RMSNorm
 from .moe import Experts, SwiGLU, requested_path, route_softmax
@@ -206,7 +206,7 @@ class _LLaDAMoEBackbone(nn.Module):
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
 
-class LLaDAMoEModelLM(DiffusionLM):
+class LLaDAMoEModelLM(BackboneLM):
     """LLaDA-MoE checkpoint format (see the module docstring)."""
 
     config_class = LLaDAMoEConfig
@@ -216,22 +216,7 @@ class LLaDAMoEModelLM(DiffusionLM):
     def __init__(self, config: LLaDAMoEConfig) -> None:
         super().__init__(config)
         self._setup_core()
-        self.model = _LLaDAMoEBackbone(self.spec, config)
-        self.lm_head = None if self.spec.tie_embeddings else nn.Linear(
-            self.spec.hidden_size, self.spec.vocab_size, bias=False)
-        self.post_init()
-
-    def _embedding(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def _blocks(self) -> nn.ModuleList:
-        return self.model.layers
-
-    def _final_norm(self) -> RMSNorm:
-        return self.model.norm
-
-    def _head(self) -> nn.Linear | None:
-        return self.lm_head
+        self._attach(_LLaDAMoEBackbone(self.spec, config))
 
 
 register(Family("LLaDA-MoE", "LLaDAMoEModelLM", "llada", LLaDAMoEConfig, LLaDAMoEModelLM, MASK_ID,

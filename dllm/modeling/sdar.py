@@ -27,7 +27,7 @@ from __future__ import annotations
 from torch import nn
 
 from .configuration import CheckpointConfigError, CoreSpec, _check_policy
-from .core import DiffusionLM
+from .core import BackboneLM
 from .families import UNSUPPORTED, Family, register
 from .layers import QWEN2_LAYER_NAMES, DecoderLayer, LayerNames, RMSNorm
 from .published import PublishedLayoutConfig
@@ -149,7 +149,7 @@ class QwenBackbone(nn.Module):
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
 
-class QwenFormatLM(DiffusionLM):
+class QwenFormatLM(BackboneLM):
     """A Qwen-format checkpoint (``model.*`` + ``lm_head``); subclasses set ``config_class`` and ``layer_names``."""
 
     layer_names: LayerNames = QWEN2_LAYER_NAMES
@@ -157,23 +157,7 @@ class QwenFormatLM(DiffusionLM):
     def __init__(self, config) -> None:
         super().__init__(config)
         self._setup_core()
-        self.model = QwenBackbone(self.spec, self.layer_names)
-        self.lm_head = None if self.spec.tie_embeddings else nn.Linear(
-            self.spec.hidden_size, self.spec.vocab_size, bias=False
-        )
-        self.post_init()
-
-    def _embedding(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def _blocks(self) -> nn.ModuleList:
-        return self.model.layers
-
-    def _final_norm(self) -> RMSNorm:
-        return self.model.norm
-
-    def _head(self) -> nn.Linear | None:
-        return self.lm_head
+        self._attach(QwenBackbone(self.spec, self.layer_names))
 
 
 class SDARForCausalLM(QwenFormatLM):

@@ -47,8 +47,8 @@ def test_offline_mixed_settings_run_grouped_and_keep_the_request_order(serve_loa
     request's text where the request was, equal to running it alone with its settings."""
     from dllm.loading import resolve_model_path
 
-    offline = serve_load.Offline(resolve_model_path("tiny"), 16, {"strategy": "threshold"})
-    prompts = serve_load.prompts_for(4)
+    offline = serve_load.Offline(resolve_model_path("tiny"), 8, {"strategy": "threshold"})
+    prompts = serve_load.prompts_for(5)[:2]  # an arith and a gsm prompt
     mix = [{"threshold": 1.0}, {"threshold": 0.5}]
     both = offline.run(prompts, 4, mix)
     assert "grouped by settings" in both["mode"]
