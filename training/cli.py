@@ -1,5 +1,6 @@
-"""``dllm train sft|distill|grpo --config RECIPE [key=value ...] [--resume]`` and ``dllm train grpo-report``
-(mounted by ``dllm.cli``; also ``python -m dllm.training.cli``).
+"""``dllm train sft|distill|grpo --config RECIPE [key=value ...] [--resume]``, ``dllm train grpo-report`` and
+``dllm train export-checkpoint|import-checkpoint`` (a resume point as safetensors + JSON), mounted by
+``dllm.cli``; also ``python -m dllm.training.cli``.
 
 Exit codes of a training command: 0 finished; 1 training diverged (a NaN/inf loss or gradient); 2 a config,
 data or checkpoint mistake (one ``error:`` line); 74 a write failed (a full disk; EX_IOERR); 75 another
@@ -316,6 +317,45 @@ def plot_curves(run_dir: Path, png: Path) -> None:
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=120)
     plt.close(fig)
+
+
+_FROM_RUN = typer.Argument(..., help="a run folder (its latest checkpoint) or one checkpoints/step-N folder")
+_PORTABLE_OUT = typer.Argument(..., help="the folder to write (replaced as a whole once complete)")
+_STEP = typer.Option(None, "--step", help="that step's checkpoint of the run folder instead of the latest")
+
+
+@train_app.command("export-checkpoint")
+def export_checkpoint_cmd(run: Path = _FROM_RUN, out: Path = _PORTABLE_OUT, step: int = _STEP) -> None:
+    """Write a checkpoint as safetensors + JSON, without pickles (to keep, share or track a resume point)."""
+    from dllm.errors import CheckpointError
+
+    from .portable_checkpoint import export_checkpoint
+
+    try:
+        written = export_checkpoint(run, out, step)
+    except CheckpointError as err:
+        fail(str(err))
+    size = sum(p.stat().st_size for p in written.iterdir())
+    typer.echo(f"wrote {written} ({size / 2**20:.1f} MiB)", err=True)
+
+
+_POINT = typer.Argument(..., help="a folder written by `dllm train export-checkpoint`")
+_INTO = typer.Argument(..., help="the run folder to continue in (must have no checkpoints yet)")
+
+
+@train_app.command("import-checkpoint")
+def import_checkpoint_cmd(point: Path = _POINT, run_dir: Path = _INTO) -> None:
+    """Unpack an exported checkpoint into a run folder; continue it with the recipe and --resume."""
+    from dllm.errors import CheckpointError
+
+    from .portable_checkpoint import import_checkpoint
+
+    try:
+        written = import_checkpoint(point, run_dir)
+    except CheckpointError as err:
+        fail(str(err))
+    typer.echo(f"wrote {written}; continue with: dllm train KIND --config RECIPE run_dir={run_dir} --resume",
+               err=True)
 
 
 def main() -> None:
