@@ -24,13 +24,16 @@ log = logging.getLogger("dllm.serving")
 
 
 def create_app(settings: ServerSettings | None = None, *, model=None, tokenizer=None, branch_executor=None,
-               engine: RemoteEngine | None = None) -> FastAPI:
+               engine: RemoteEngine | None = None, session_factory=None) -> FastAPI:
     """The FastAPI app.
 
     * ``model`` + ``tokenizer``: serve an already loaded model with a decoding thread in this process;
     * ``engine`` (a started :class:`~dllm.serving.engine_process.RemoteEngine`) + ``tokenizer``: the model
       lives in the engine process (what ``dllm serve`` does by default);
     * neither: load ``settings.model`` in the background (``settings.engine_process`` picks where).
+
+    ``session_factory``: what makes the decoding thread's batches (``dllm.serving.engine.Engine``; tensor-parallel
+    serving passes ``dllm.serving.tensor_parallel.LockstepBatches``).
     """
     settings = settings or ServerSettings()
     if engine is not None:
@@ -41,6 +44,7 @@ def create_app(settings: ServerSettings | None = None, *, model=None, tokenizer=
         raise ValueError("pass both model and tokenizer, or neither (then settings.model is loaded)")
     state = ServerState(settings, ModelBundle(model, tokenizer) if model is not None else None)
     state.branch_executor = branch_executor
+    state.session_factory = session_factory
     if engine is not None:
         engine.metrics = state.metrics
         state.engine = engine

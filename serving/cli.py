@@ -73,6 +73,10 @@ def serve(
     max_body_bytes: int = typer.Option(1 << 20, "--max-body-bytes", help="Larger request bodies get 413."),
     branch_parallel: int = typer.Option(1, "--branch-parallel",
                                         help="Ranks evaluating LoPA branches: this process + N-1 spawned workers."),
+    tensor_parallel: int = typer.Option(1, "--tensor-parallel",
+                                        help="Shard every layer over N processes; run under torchrun "
+                                             "--nproc-per-node N: rank 0 serves and decodes in its server process, "
+                                             "the other ranks run their shard of each forward."),
     replicas: int = typer.Option(1, "--replicas",
                                  help="Serve N replicas of the model on Ray Serve (the ray extra), one process each, "
                                       "behind one port."),
@@ -92,17 +96,16 @@ def serve(
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming, metrics)."""
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError:
         fail("the server needs the serving extras: pip install 'dllm[serving]'")
         return
     from dllm.decoding.config import parse_overrides
     from dllm.errors import CheckpointError
 
-    from .http_protocol import OpenAIErrorProtocol
     from .settings import ServerSettings
 
-    DrainingServer = _draining_server_class()
+    say = fail if tensor_parallel == 1 else _fail_on_rank0  # under torchrun, one rank says it
     try:
         settings = ServerSettings(generation_defaults=parse_overrides(options or []), model=model,
                                   served_model_name=served_model_name, host=host, port=port,
@@ -113,10 +116,14 @@ def serve(
                                   stream_interval_ms=stream_interval_ms,
                                   max_tokens_cap=max_tokens_cap, max_request_tokens=max_request_tokens,
                                   max_prompt_tokens=max_prompt_tokens, max_body_bytes=max_body_bytes,
-                                  branch_parallel=branch_parallel, engine_process=engine_process, dtype=dtype,
+                                  branch_parallel=branch_parallel,
+                                  engine_process=engine_process and tensor_parallel == 1, dtype=dtype,
                                   device=device, num_threads=num_threads)
     except ValueError as err:
-        fail(str(err))
+        say(str(err))
+        return
+    if tensor_parallel != 1:
+        _serve_tensor_parallel(settings, tensor_parallel, replicas=replicas, log_level=log_level)
         return
     if reason := _cannot_listen(host, port):  # before the model loads: that can take minutes for a 7B
         fail(f"cannot listen on {host}:{port}: {reason} (is another server running? choose another --port)")
@@ -142,24 +149,111 @@ def serve(
         except (CheckpointError, ValueError, OSError, RuntimeError) as err:
             fail(str(err))
             return
-        if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-            typer.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)
-        logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-        typer.echo(f"serving {settings.model_name!r} on http://{host}:{port}/v1 (batch {max_batch_size}, queue "
-                   f"{max_queue}, {'joining' if join else 'no joining'}, "
-                   f"{'engine process' if engine_process else 'in-process engine'})")
-        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, http=OpenAIErrorProtocol,
-                                timeout_graceful_shutdown=settings.drain_timeout_s)
-        _interrupt_on_signals()  # uvicorn handles them while it runs and raises them again when it is done
-        try:
-            DrainingServer(config, app.state.dllm).run()
-        except KeyboardInterrupt:  # the signal uvicorn raised again after its shutdown: a clean exit (0)
-            pass
+        _run_server(settings, app, log_level,
+                    "engine process" if settings.engine_process else "in-process engine")
     finally:
         if executor is not None:
             executor.close()
         if remote is not None:
             remote.stop()  # a no-op after the app's shutdown stopped it
+
+
+def _run_server(settings, app, log_level: str, engine: str) -> None:
+    """Listen with uvicorn until SIGTERM/SIGINT (then drain: see ``DrainingServer``)."""
+    import uvicorn
+
+    from .http_protocol import OpenAIErrorProtocol
+
+    host, port = settings.host, settings.port
+    if host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key:
+        typer.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    typer.echo(f"serving {settings.model_name!r} on http://{host}:{port}/v1 (batch {settings.max_batch_size}, queue "
+               f"{settings.max_queue}, {'joining' if settings.join else 'no joining'}, {engine})")
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, http=OpenAIErrorProtocol,
+                            timeout_graceful_shutdown=settings.drain_timeout_s)
+    _interrupt_on_signals()  # uvicorn handles them while it runs and raises them again when it is done
+    try:
+        _draining_server_class()(config, app.state.dllm).run()
+    except KeyboardInterrupt:  # the signal uvicorn raised again after its shutdown: a clean exit (0)
+        pass
+
+
+def _fail_on_rank0(message: str, code: int = 2) -> None:
+    """``fail`` on rank 0 of a torchrun launch; the other ranks exit with the same code, silently."""
+    import os
+
+    if os.environ.get("RANK", "0") == "0":
+        fail(message, code)
+    raise typer.Exit(code)
+
+
+def _serve_tensor_parallel(settings, n: int, *, replicas: int, log_level: str) -> None:
+    """``--tensor-parallel N`` under torchrun: every rank loads and shards the model; rank 0 serves with
+    :class:`~dllm.serving.tensor_parallel.LockstepBatches`, the others :func:`~dllm.serving.tensor_parallel.follow`."""
+    import dataclasses
+    import os
+
+    if n < 1:
+        _fail_on_rank0("--tensor-parallel must be >= 1")
+    if replicas != 1 or settings.branch_parallel > 1:
+        _fail_on_rank0("--tensor-parallel does not combine with --replicas or --branch-parallel")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != n:
+        _fail_on_rank0(f"--tensor-parallel {n} runs under torchrun --nproc-per-node {n} "
+                       f"(this run has WORLD_SIZE={world})")
+    import torch
+    import torch.distributed as dist
+
+    from dllm.errors import CheckpointError
+    from dllm.loading import load_model, resolve_model_path
+    from dllm.parallel.tensor import broadcast_int, init_from_env, shard_model
+    from dllm.text import load_tokenizer_for
+
+    from .app import create_app
+    from .state import load_bundle
+    from .tensor_parallel import LockstepBatches, follow
+
+    rank, _, device = init_from_env(settings.device)
+    settings = dataclasses.replace(settings, device=device)  # cuda: cuda:LOCAL_RANK on each rank
+    lockstep = None
+    try:
+        if rank == 0:
+            _exit_on_signals()  # SIGTERM/SIGINT during start-up: the cleanup below still runs
+        reason = [_cannot_listen(settings.host, settings.port) if rank == 0 else None]
+        dist.broadcast_object_list(reason, src=0)  # before the model loads: every rank stops on a busy port
+        if reason[0]:
+            _fail_on_rank0(f"cannot listen on {settings.host}:{settings.port}: {reason[0]} (is another server "
+                           "running? choose another --port)")
+        if settings.num_threads is not None:
+            torch.set_num_threads(settings.num_threads)
+        try:
+            path = resolve_model_path(settings.model)
+            model = shard_model(load_model(path, dtype=settings.dtype, device=settings.device))
+            # requests without a seed sample from the global generator, which every rank must share
+            torch.manual_seed(broadcast_int(int.from_bytes(os.urandom(4), "little")))
+            if rank != 0:
+                tokenizer = load_tokenizer_for(path)
+            else:
+                bundle = load_bundle(settings, model=model)
+        except (CheckpointError, ValueError, OSError) as err:
+            _fail_on_rank0(str(err))
+            return
+        if rank != 0:
+            _ignore_signals()  # rank 0 decides when to stop (after draining) and says so
+            try:
+                follow(model, tokenizer)
+            except RuntimeError as err:  # rank 0 went away, or this rank could not repeat its step
+                fail(f"rank {rank}: {err}", 1)
+            return
+        lockstep = LockstepBatches(bundle.model, bundle.tokenizer, join_max_spread_blocks=settings.join_max_spread)
+        app = create_app(settings, model=bundle.model, tokenizer=bundle.tokenizer, session_factory=lockstep)
+        _run_server(settings, app, log_level, f"in-process engine, tensor parallel over {n} ranks")
+    finally:
+        if lockstep is not None:
+            lockstep.close()  # the other ranks leave their loop
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _start(settings):
@@ -219,6 +313,14 @@ def _exit_on_signals() -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handler)
+
+
+def _ignore_signals() -> None:
+    """SIGTERM and SIGINT do nothing (ranks > 0 of tensor-parallel serving: rank 0 tells them to stop)."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _draining_server_class():

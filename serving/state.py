@@ -76,6 +76,7 @@ class ServerState:
         self.created = int(time.time())
         self.load_error: str | None = None
         self.branch_executor = None  # a branch-parallel executor's factory, when one runs
+        self.session_factory = None  # the engine's batches (tensor-parallel serving mirrors them on every rank)
         self.draining = False  # shutdown has begun (begin_drain)
         self.restarts = 0  # engines restarted after one stopped
 
@@ -86,7 +87,7 @@ class ServerState:
                              batch_wait_ms=s.batch_wait_ms, stream_interval_ms=s.stream_interval_ms,
                              join=s.join, join_max_spread_blocks=s.join_max_spread,
                              metrics=self.metrics, branch_executor=self.branch_executor,
-                             max_batches=s.max_batches)
+                             max_batches=s.max_batches, session_factory=self.session_factory)
         self.engine.start()
 
     def engine_spec(self) -> dict:

@@ -119,6 +119,11 @@ class TrainConfig:
     max_steps: int = num(1000, ge=1)  # optimizer steps
     batch_size: int = num(32, ge=1)  # examples per micro-batch per process
     grad_accum: int = num(1, ge=1)
+    # several processes (SFT): every process draws the same micro-batch of batch_size x processes examples and
+    # the masks of all its rows, and trains on its own batch_size rows, so N processes take the steps that one
+    # process takes with batch_size x N (equal losses and weights up to float rounding: docs/scaling.md).
+    # false: each process draws its own examples and masks (no process reads or noises another's rows)
+    shard_global_batch: bool = False
     mixed_precision: str = "no"  # no | bf16 | fp16
     num_threads: int | None = num(None, ge=1)  # torch.set_num_threads on CPU; None leaves torch's default
     log_every: int = num(10, ge=1)

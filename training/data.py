@@ -35,6 +35,11 @@ class Batch:
         return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.prompt_length,
                      self.answer_mask.to(device), self.suites)
 
+    def select(self, rows: slice) -> Batch:
+        """Rows ``rows`` (the same padding: prompts still end at ``prompt_length``)."""
+        return Batch(self.input_ids[rows], self.attention_mask[rows], self.prompt_length, self.answer_mask[rows],
+                     self.suites[rows])
+
 
 def collate(pairs: list[tuple[list[int], list[int]]], gen_length: int, pad_id: int, eos_id: int,
             suites: list[str] | None = None) -> Batch:

@@ -251,6 +251,10 @@ class Trainer:
 
     config_class = TrainConfig
     name = "train"
+    # ``compute_loss(..., rows=)`` draws the noise of a whole (global) batch and trains on ``rows`` of it, and the
+    # loss is a mean over rows, so processes holding equal shares average to the global batch's loss
+    # (``shard_global_batch``)
+    shards_global_batch = False
     requires_answers = True  # train_dataset rows must hold answers (GRPO with reward functions does not)
 
     def __init__(self, cfg: TrainConfig | None = None, *, args: TrainConfig | None = None, model: str | None = None,
@@ -278,6 +282,9 @@ class Trainer:
         resolve_tasks(cfg, has_dataset=self.train_records is not None)
         self.cfg = cfg
         self.validate()
+        if cfg.shard_global_batch and not self.shards_global_batch:
+            raise ConfigError(f"shard_global_batch=true: the {self.name} trainer cannot split one global batch over "
+                              "the processes (the SFT trainer can); leave it false")
         self.tokenizer = None
         self.model: torch.nn.Module | None = None
         self.is_deepspeed = False
@@ -540,13 +547,28 @@ class Trainer:
     def make_state(self, accelerator, model) -> TrainState:
         """The checkpointed run state (``.step`` and everything a bit-identical resume needs)."""
         cfg = self.cfg
-        rank = accelerator.process_index
+        rank, world = accelerator.process_index, accelerator.num_processes
         conf = getattr(accelerator.unwrap_model(model), "config", None)
         context = getattr(conf, "max_sequence_length", None) or getattr(conf, "max_position_embeddings", None)
-        stream = TaskStream(self.tokenizer, cfg.data, cfg.batch_size, cfg.seed, rank, self.pad_multiple(),
-                            accelerator.num_processes, context, dataset=self.train_records)
+        if self.shard_rows(accelerator) is not None:
+            # every process reads the one stream a single process with batch_size x world reads, and draws
+            # the same masks; train_step keeps this process's rows
+            rank, world, size = 0, 1, cfg.batch_size * world
+        else:
+            size = cfg.batch_size
+        stream = TaskStream(self.tokenizer, cfg.data, size, cfg.seed, rank, self.pad_multiple(),
+                            world, context, dataset=self.train_records)
         self.state_notes = list(stream.notes)
         return TrainState(stream, torch.Generator().manual_seed(cfg.seed * 7919 + rank))
+
+    def shard_rows(self, accelerator) -> slice | None:
+        """With ``shard_global_batch`` on several processes: the rows of each global micro-batch this process
+        trains on; otherwise None."""
+        world = accelerator.num_processes
+        if not (self.cfg.shard_global_batch and world > 1):
+            return None
+        b = self.cfg.batch_size
+        return slice(accelerator.process_index * b, (accelerator.process_index + 1) * b)
 
     def describe(self, accelerator, model) -> list[str]:
         """Lines the run prints before its first step."""
@@ -568,24 +590,34 @@ class Trainer:
         """One optimizer step over ``grad_accum`` streamed micro-batches; returns what to log of it."""
         cfg = self.cfg
         model.train()
-        losses, suites, tokens = [], {}, 0
+        losses, labels, tokens = [], [], 0
+        rows = self.shard_rows(accelerator)
         for micro in range(cfg.grad_accum):
             batch = state.stream.next_batch().to(accelerator.device)
             sync = micro == cfg.grad_accum - 1
             plain = sync or accelerator.num_processes == 1 or self.is_deepspeed
             with nullcontext() if plain else accelerator.no_sync(model):
                 with accelerator.autocast():
-                    loss = self.compute_loss(model, batch, state.generator)
+                    if rows is None:
+                        loss = self.compute_loss(model, batch, state.generator)
+                    else:  # the global batch's noise, this process's rows
+                        loss = self.compute_loss(model, batch, state.generator, rows=rows)
                 self._guard(loss, "loss", state.step, accelerator, run_dir)
                 # DeepSpeed divides by its gradient_accumulation_steps and steps at the boundary itself
                 accelerator.backward(loss if self.is_deepspeed else loss / cfg.grad_accum)
-            value = float(loss.detach())
-            losses.append(value)
-            suite = batch.suites[0] if len(set(batch.suites)) == 1 else "mixed"
-            suites.setdefault(suite, []).append(value)
-            n = int(batch.attention_mask.sum()) * accelerator.num_processes
+            losses.append(loss.detach().float())
+            labels.append(batch.suites[0] if len(set(batch.suites)) == 1 else "mixed")
+            # a global batch counts every process's tokens once; otherwise this process's, times the processes
+            n = int(batch.attention_mask.sum()) * (1 if rows is not None else accelerator.num_processes)
             tokens += n
             state.tokens += n
+        values = torch.stack(losses)
+        if rows is not None:  # the global batch's loss: the mean of the processes' (equal shares of the rows)
+            values = accelerator.reduce(values, reduction="mean")
+        losses = [float(v) for v in values.tolist()]
+        suites: dict[str, list[float]] = {}
+        for label, value in zip(labels, losses):
+            suites.setdefault(label, []).append(value)
         grad_norm = self._clip(model, accelerator)
         self._guard(grad_norm, "gradient norm", state.step, accelerator, run_dir)
         optimizer.step()

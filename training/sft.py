@@ -45,6 +45,7 @@ class SFTTrainer(Trainer):
 
     config_class = SFTConfig
     name = "sft"
+    shards_global_batch = True
 
     def setup_models(self) -> None:
         self.tokenizer = load_tokenizer_for(self.cfg.model, self.cfg.data.files, self.dataset_texts())
@@ -75,7 +76,9 @@ class SFTTrainer(Trainer):
     def eval_block_size(self) -> int | None:
         return self.block_size()
 
-    def compute_loss(self, model, batch: Batch, generator: torch.Generator) -> torch.Tensor:
+    def compute_loss(self, model, batch: Batch, generator: torch.Generator, rows: slice | None = None) -> torch.Tensor:
+        """The loss of ``batch``; ``rows``: the noise is drawn for the whole batch and the loss is that of
+        these rows (a process's share of a global batch, ``shard_global_batch``)."""
         slots = None
         if self.cfg.result_mask_prob > 0:
             triggers, numbers = self._result_ids
@@ -88,6 +91,9 @@ class SFTTrainer(Trainer):
         if self.cfg.t2t_corrupt_prob > 0:
             noisy, visible = t2t_corrupt(noisy, masked, batch.answer_mask, self.cfg.t2t_corrupt_prob,
                                          len(self.tokenizer), self.mask_id(), generator)
+        if rows is not None:
+            batch, noisy, masked, p_mask = batch.select(rows), noisy[rows], masked[rows], p_mask[rows]
+            visible = None if visible is None else visible[rows]
         p = batch.prompt_length
         if self.two_streams(model):
             logits = two_stream_logits(model, noisy, batch.input_ids, batch.attention_mask, p)

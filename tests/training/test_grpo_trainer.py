@@ -358,3 +358,82 @@ def test_more_minibatches_than_rollouts_takes_no_empty_steps(ckpt, tmp_path):
     GRPOTrainer(load_grpo_config(None, over)).run()
     rows = list(csv.DictReader(_lines(tmp_path / "run" / "metrics.csv")))
     assert int(rows[0]["updates"]) == 2  # 2 rollouts: the third minibatch is empty and skipped
+
+
+def _fake_rollouts(seed: int, groups: int = 3, size: int = 4) -> Rollouts:
+    """Rollouts with random verdicts, scores and speeds (no model: what the advantages read)."""
+    g = torch.Generator().manual_seed(seed)
+    n = groups * size
+    lengths, forwards = torch.randint(1, 9, (n,), generator=g), torch.randint(1, 9, (n,), generator=g)
+    ones = torch.ones(n, 8, dtype=torch.long)
+    return Rollouts(ones[:, :3], ones[:, :3], ones, ones, lengths, forwards, lengths.double() / forwards,
+                    torch.rand(n, generator=g) < 0.5, torch.rand(n, generator=g, dtype=torch.float64),
+                    torch.arange(groups).repeat_interleave(size), size)
+
+
+class _GlooAccelerator:
+    """What ``batch_stats`` asks of accelerate: the process count, the device and a summing reduce."""
+
+    num_processes, device = 2, torch.device("cpu")
+
+    @staticmethod
+    def reduce(t, reduction="sum"):
+        import torch.distributed as dist
+
+        assert reduction == "sum"
+        dist.all_reduce(t)
+        return t
+
+
+def _grpo_for_advantages(norm: str = "batch") -> GRPOTrainer:
+    return GRPOTrainer(load_grpo_config(None, ["model.path=tiny-d2f", "run_dir=unused",
+                                               f"reward.advantage_norm={norm}"]))
+
+
+def _advantage_worker(rank: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        tr = _grpo_for_advantages()
+        res = {}
+        for case, rollouts in (("even", _fake_rollouts(rank)), ("one empty", _fake_rollouts(0) if rank == 0 else None)):
+            stats = tr.batch_stats(rollouts, _GlooAccelerator())
+            res[case] = (stats, None if rollouts is None else tr.compute_advantages(rollouts, stats)[0])
+        torch.save(res, Path(out, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_processes_gather_the_batch_statistics_of_the_advantages(tmp_path, monkeypatch):
+    """``reward.advantage_norm=batch`` over 2 gloo processes, each with its own rollouts: the (sum, sum of squares,
+    count) of the combined rewards are gathered from both, and each process's advantages equal, row for row, one
+    process's over all the rollouts (also when one process has none). The rollouts themselves are drawn per
+    process (prompts and sampling seeds depend on the rank), so a GRPO run is not compared with one process."""
+    import torch.multiprocessing as mp
+
+    monkeypatch.syspath_prepend(str(REPO))  # the spawned workers import this module by its name under tests/
+    init = Path(tmp_path, "store").resolve().as_uri()
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_advantage_worker, args=(r, init, str(tmp_path)), daemon=True) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    got = [torch.load(Path(tmp_path, f"rank{r}.pt"), weights_only=False) for r in range(2)]
+    tr = _grpo_for_advantages()
+    everything = Rollouts.cat([_fake_rollouts(0), _fake_rollouts(1)], 0)
+    want, combined = tr.compute_advantages(everything, None)  # one process: the batch is all there is
+    assert float(want.std()) > 0.5
+    for rank in range(2):
+        stats, adv = got[rank]["even"]
+        assert stats[2] == 24
+        assert stats[0] == pytest.approx(float(combined.sum())) and stats[1] == pytest.approx(float((combined ** 2).sum()))
+        torch.testing.assert_close(adv, want[12 * rank: 12 * (rank + 1)], rtol=1e-12, atol=1e-12)
+    alone, _ = tr.compute_advantages(_fake_rollouts(0), None)
+    assert got[0]["one empty"][0] == got[1]["one empty"][0] and got[0]["one empty"][0][2] == 12
+    torch.testing.assert_close(got[0]["one empty"][1], alone, rtol=1e-12, atol=1e-12)
+    # the per-process normalisation would differ: the gathering is what makes them equal
+    assert not torch.allclose(tr.compute_advantages(_fake_rollouts(1), None)[0], want[12:])

@@ -112,3 +112,58 @@ def test_two_process_zero2_on_the_cpu(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert "rank 0 of 2 (DEEPSPEED" in res.stderr and "rank 1 of 2 (DEEPSPEED" in res.stderr
     assert "2 steps x 32 examples" in res.stderr and (tmp_path / "run" / "final" / "model.safetensors").exists()
+
+
+def _metrics(run: Path) -> list[dict]:
+    import csv
+
+    with (run / "metrics.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_process_at_the_same_global_batch(tmp_path):
+    """``shard_global_batch=true``: ``accelerate launch --num_processes 2`` with batch_size 4 logs the losses and
+    gradient norms, and exports the weights, of one process with batch_size 8 (grad_accum 2 in both: 16 examples
+    per step), in fp32 within float rounding. Without it each process draws its own examples and masks."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    common = ["max_steps=3", "log_every=1", "eval_every=0", "mixed_precision=no", "grad_accum=2",
+              "shard_global_batch=true", "model.config={d_model: 32, n_layers: 2, n_heads: 4, n_kv_heads: 4, "
+              "mlp_hidden_size: 64}"]
+    one = _launch([sys.executable, *_sft_args(tmp_path / "one"), "batch_size=8", *common], tmp_path)
+    assert one.returncode == 0, one.stderr[-3000:]
+    acc = _accelerate()
+    launch = [*acc, "launch"] if len(acc) == 1 else acc
+    two = _launch([*launch, "--cpu", "--num_processes", "2", "--main_process_port", str(_port()),
+                   *_sft_args(tmp_path / "two"), "batch_size=4", *common], tmp_path)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "rank 1 of 2" in two.stderr and "3 steps x 16 examples" in two.stderr and "3 steps x 16 examples" in one.stderr
+    a, b = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
+    assert [r["step"] for r in a] == [r["step"] for r in b] == ["1", "2", "3"]
+    for key in ("loss", "grad_norm", "tokens_seen"):
+        want, got = np.array([float(r[key]) for r in a]), np.array([float(r[key]) for r in b])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=key)
+    assert len({r["loss"] for r in a}) == 3  # the steps differ: the comparison is not of one constant
+    wa = load_file(tmp_path / "one" / "final" / "model.safetensors")
+    wb = load_file(tmp_path / "two" / "final" / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        np.testing.assert_allclose(wb[name], wa[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_only_sft_shards_a_global_batch():
+    """The SFT loss is a mean over rows, so equal shares of the rows average to the global loss; distillation's
+    is a mean over the masked tokens of a micro-batch and GRPO draws prompts and rollouts per process."""
+    from dllm.training.config import ConfigError, DistillConfig, SFTConfig
+    from dllm.training.distill import DistillTrainer
+    from dllm.training.grpo import GRPOTrainer
+    from dllm.training.grpo_config import load_grpo_config
+    from dllm.training.sft import SFTTrainer
+
+    assert SFTTrainer(SFTConfig(model={"path": "tiny"}, shard_global_batch=True)).cfg.shard_global_batch
+    with pytest.raises(ConfigError, match="shard_global_batch=true: the distill trainer"):
+        DistillTrainer(DistillConfig(model={"path": "tiny"}, shard_global_batch=True))
+    with pytest.raises(ConfigError, match="shard_global_batch=true: the grpo trainer"):
+        GRPOTrainer(load_grpo_config(None, ["model.path=tiny-d2f", "shard_global_batch=true"]))

@@ -1,0 +1,183 @@
+"""``torchrun --nproc-per-node 2 -m dllm serve --tensor-parallel 2`` on 2 gloo CPU processes answers like one
+process: the same texts, finish reasons and forward counts for greedy d2f, threshold and LoPA requests (a streamed
+one, a batch of two prompts, a ``max_tokens`` cut and a stop string: the server's own stopping criterion,
+which rank 0 evaluates and broadcasts), a sampled request with a seed, and batches of different settings
+taking turns. SIGTERM to rank 0 drains it and stops the other rank: both exit, and torchrun with them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+MODEL = "tiny-d2f"
+CHATS = [  # (messages content, extra_body): greedy requests whose answers the bundled model gets right or near
+    ("What is 123 + 45 ?", {}),
+    ("reverse : Ann Bob Cal", {"strategy": "threshold", "threshold": 0.9}),
+    ("What is 17 + 26 ?", {"strategy": "threshold", "stop": ["3"]}),  # cut by a stop string in the text
+    ("sort : 9 4 7 1", {"max_tokens": 3}),  # cut by max_tokens before the canvas ends
+    ("What is 48 + 25 ?", {"strategy": "lopa", "lopa_branches": 2}),
+]
+
+
+def _free_port() -> int:
+    from dllm.serving.testing import free_socket
+
+    with free_socket() as sock:
+        return sock.getsockname()[1]
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def _rank(pid: int) -> str | None:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return next((e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"RANK=")), None)
+
+
+def _ask(client, content: str, extra: dict) -> dict:
+    extra = dict(extra)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "temperature": 0,
+            "max_tokens": extra.pop("max_tokens", 16), **extra}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    j = r.json()
+    return {"text": j["choices"][0]["message"]["content"], "finish": j["choices"][0]["finish_reason"],
+            "forwards": j["dllm"]["num_forwards"]}
+
+
+def _stream(client, content: str) -> str:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "temperature": 0,
+            "max_tokens": 16, "stream": True}
+    text = []
+    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"]
+                if delta and delta[0]["delta"].get("content"):
+                    text.append(delta[0]["delta"]["content"])
+    return "".join(text)
+
+
+def _batch(client) -> list[str]:
+    """Two chat-formatted prompts in one completions request: a batch of two rows."""
+    import dllm
+
+    tok = dllm.load_tokenizer(MODEL)
+    prompts = [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True, tokenize=False)
+               for c in ("What is 5 + 7 ?", "reverse : Kim Fay")]
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": prompts, "max_tokens": 16, "temperature": 0})
+    assert r.status_code == 200, r.text
+    return [c["text"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])]
+
+
+def _sampled(client) -> list[str]:
+    """temperature > 0 with a seed: a batch of its own with its own generator, the same draws on every rank."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "What is 48 + 25 ?"}], "temperature": 1.0,
+            "seed": 7, "n": 2, "max_tokens": 16}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    return [c["message"]["content"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])]
+
+
+def _answers(url: str) -> dict:
+    with httpx.Client(base_url=url, timeout=120) as client:
+        out = {"chats": [_ask(client, c, e) for c, e in CHATS], "stream": _stream(client, CHATS[0][0]),
+               "batch": _batch(client), "sampled": _sampled(client)}
+        with ThreadPoolExecutor(len(CHATS)) as pool:  # batches of different settings stepped in turn
+            out["concurrent"] = list(pool.map(lambda ce: _ask(client, *ce), CHATS))
+    return out
+
+
+@pytest.mark.slow
+def test_tensor_parallel_server_answers_like_one_process_and_stops_on_sigterm():
+    from dllm.serving.app import create_app
+    from dllm.serving.settings import ServerSettings
+    from dllm.serving.state import load_bundle
+    from dllm.serving.testing import running_server
+
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             "-m", "dllm", "serve", "--model", MODEL, "--tensor-parallel", "2", "--port", str(port),
+                             "--num-threads", "1", "--log-level", "warning"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # the single-process reference, computed while the ranks load
+        settings = ServerSettings(model=MODEL)
+        bundle = load_bundle(settings)
+        app = create_app(settings, model=bundle.model, tokenizer=bundle.tokenizer)
+        with running_server(app) as url:
+            want = _answers(url)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            try:
+                if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the tensor-parallel server did not become ready"
+            time.sleep(0.2)
+        ranks = {_rank(p): p for p in _children(proc.pid)}
+        assert set(ranks) == {"0", "1"}
+        got = _answers(url)
+        assert got == want
+        assert want["chats"][0]["text"] == "168" and want["stream"] == "168" and all(want["batch"])
+        assert want["chats"][2]["finish"] == "stop" and want["chats"][3]["finish"] == "length"
+        assert all(c["forwards"] >= 1 for c in want["chats"])
+
+        os.kill(ranks["0"], signal.SIGTERM)  # rank 0 drains, then tells rank 1 to stop
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            for pid in _children(proc.pid):
+                os.kill(pid, signal.SIGKILL)
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    assert all(not Path(f"/proc/{pid}").exists() for pid in ranks.values())
+    assert out.count("serving 'tiny-d2f' on http://127.0.0.1:") == 1  # rank 0 alone listens and says so
+    assert "tensor parallel over 2 ranks" in out
+
+
+def test_tensor_parallel_without_a_matching_torchrun_is_one_line(monkeypatch):
+    from typer.testing import CliRunner
+
+    from dllm.cli import _mount_subcommands, app
+
+    _mount_subcommands()
+    for var in ("WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(var, raising=False)
+    result = CliRunner().invoke(app, ["serve", "--tensor-parallel", "2", "--port", "0"])
+    assert result.exit_code == 2
+    assert result.output.strip() == ("error: --tensor-parallel 2 runs under torchrun --nproc-per-node 2 "
+                                     "(this run has WORLD_SIZE=1)")
+    assert "Traceback" not in result.output
+    result = CliRunner().invoke(app, ["serve", "--tensor-parallel", "2", "--replicas", "2", "--port", "0"])
+    assert result.exit_code == 2 and "does not combine with --replicas" in result.output
