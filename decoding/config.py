@@ -89,13 +89,17 @@ class DiffusionGenerationConfig:
     stop_strings: tuple[str, ...] = ()
     seed: int | None = None
     mask_token_id: int | None = None
-    eos_token_id: int | None = None
+    # one id or several (chat checkpoints list the turn end and the document end): any of them ends an
+    # answer; a list of one is stored as its id, a longer one as a tuple (see eos_token_ids)
+    eos_token_id: tuple[int, ...] | int | None = None  # checked by _eos_value, not as a number
     pad_token_id: int | None = None
     return_dict_in_generate: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop_strings, (list, str)):
             object.__setattr__(self, "stop_strings", (self.stop_strings,) if isinstance(self.stop_strings, str) else tuple(self.stop_strings))
+        if self.eos_token_id is not None:
+            object.__setattr__(self, "eos_token_id", _eos_value(self.eos_token_id))
         _check_field_types(self)
         names = strategy_names()
         if self.strategy not in names:
@@ -166,6 +170,14 @@ class DiffusionGenerationConfig:
         return self.block_length or self.max_new_tokens
 
     @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """``eos_token_id`` as a tuple (empty when unset): every id that ends an answer, the first one
+        the id that pads a finished answer."""
+        if self.eos_token_id is None:
+            return ()
+        return self.eos_token_id if isinstance(self.eos_token_id, tuple) else (self.eos_token_id,)
+
+    @property
     def canvas_tokens(self) -> int:
         """Slots decoded: ``max_new_tokens`` rounded up to whole blocks. A block is the unit every strategy
         decodes (and the block-causal attention's unit), so a canvas never ends inside one; the answer is
@@ -210,6 +222,8 @@ class DiffusionGenerationConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["stop_strings"] = list(self.stop_strings)
+        if isinstance(self.eos_token_id, tuple):
+            d["eos_token_id"] = list(self.eos_token_id)  # as transformers' GenerationConfig writes a list
         return d
 
     def to_json_string(self) -> str:
@@ -299,6 +313,25 @@ def _check_field_types(cfg: DiffusionGenerationConfig) -> None:
             continue
         if problem:
             raise GenerationConfigError(problem)
+
+
+def _eos_value(value: Any) -> int | tuple[int, ...]:
+    """``eos_token_id`` as given (an id, or a list or tuple of ids, as transformers' GenerationConfig
+    takes it; ``"151645,151643"`` from a command line) -> the id, or a tuple of two or more distinct ids
+    in the given order."""
+    if isinstance(value, str):
+        try:
+            value = [int(part) for part in value.split(",")]
+        except ValueError:
+            raise GenerationConfigError(f"eos_token_id must be an id or a list of ids, got {value!r}") from None
+    ids = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not ids:
+        raise GenerationConfigError("eos_token_id is an empty list; give one id or several, or None")
+    for v in ids:
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise GenerationConfigError(f"eos_token_id must be an id (an integer >= 0) or a list of ids, got {value!r}")
+    ids = list(dict.fromkeys(ids))  # a repeated id changes nothing
+    return ids[0] if len(ids) == 1 else tuple(ids)
 
 
 def _positive_int(name: str, value: Any) -> None:

@@ -33,20 +33,31 @@ from .registry import check_compatible, get_strategy
 from .state import DecodeState
 
 
-def resolve_special_ids(model, cfg, tokenizer=None) -> tuple[int, int | None]:
+def resolve_special_ids(model, cfg, tokenizer=None) -> tuple[int, tuple[int, ...]]:
+    """``(mask id, EOS ids)`` of a call: the config's, else the model's, else the tokenizer's.
+
+    EOS ids: ``cfg.eos_token_id`` (one id or several), else the model's generation config (a checkpoint's
+    ``generation_config.json``, whose list transformers keeps), else ``model.config.eos_token_id``, else
+    the tokenizer's; every id of a list counts. Empty when none is known (rows then run to their length).
+    An id outside the vocabulary is kept (the reference fixtures test LLaDA-8B's EOS on tiny models): no
+    row can commit it, so it never ends one.
+    """
     if cfg.mask_token_id is not None:
         check_in_vocabulary(model, "mask_token_id", cfg.mask_token_id)
         mask_id = cfg.mask_token_id
     else:
         mask_id = require_mask_token(model, tokenizer)
-    eos_id = cfg.eos_token_id
-    if eos_id is None:
-        eos_id = getattr(model.config, "eos_token_id", None)
-        if isinstance(eos_id, (list, tuple)):
-            eos_id = eos_id[0] if eos_id else None
-    if eos_id is None and tokenizer is not None:
-        eos_id = tokenizer.eos_token_id
-    return int(mask_id), (None if eos_id is None else int(eos_id))
+    if cfg.eos_token_id is not None:
+        eos_ids = cfg.eos_token_ids
+    else:
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        if eos is None or eos == []:
+            eos = getattr(model.config, "eos_token_id", None)
+        if (eos is None or eos == []) and tokenizer is not None:
+            eos = tokenizer.eos_token_id
+        eos = eos if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)
+        eos_ids = tuple(dict.fromkeys(int(i) for i in eos))
+    return int(mask_id), eos_ids
 
 
 class DecodeSession:
@@ -56,7 +67,7 @@ class DecodeSession:
         self.model, self.cfg, self.tokenizer = model, cfg, tokenizer
         self.strategy = get_strategy(cfg.strategy)
         check_compatible(self.strategy, model, cfg)
-        self.mask_id, self.eos_id = resolve_special_ids(model, cfg, tokenizer)
+        self.mask_id, self.eos_ids = resolve_special_ids(model, cfg, tokenizer)
         if cfg.stop_strings and tokenizer is None:
             raise GenerationConfigError("stop_strings need the tokenizer: pass tokenizer= to generate")
         self.streamer, self.criteria = streamer, tuple(criteria)
@@ -155,6 +166,11 @@ class DecodeSession:
             out[name] = values
         return out
 
+    @property
+    def eos_id(self) -> int | None:
+        """The first EOS id (the one that pads a finished answer); ``eos_ids`` holds every one."""
+        return self.eos_ids[0] if self.eos_ids else None
+
     def _pad_id(self) -> int:
         for tok in (self.cfg.pad_token_id, self.eos_id):
             if tok is not None and tok != self.mask_id:
@@ -192,7 +208,7 @@ class DecodeSession:
         given = any(v != [getattr(cfg, k)] * len(v) for k, v in values.items())
         row_values = ({k: torch.tensor(v, dtype=torch.float64) for k, v in values.items()}
                       if (given or self.joinable) else None)
-        self.state = DecodeState(ids, mask, cfg, mask_id=self.mask_id, eos_id=self.eos_id, tokenizer=self.tokenizer,
+        self.state = DecodeState(ids, mask, cfg, mask_id=self.mask_id, eos_ids=self.eos_ids, tokenizer=self.tokenizer,
                                  streamer=self.streamer, strategy=self.strategy, criteria=self.criteria,
                                  row_values=row_values)
         self.state.joining = self.joinable

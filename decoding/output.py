@@ -7,17 +7,20 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .stopping import EosIds
+
 
 @dataclass
 class DiffusionGenerateOutput:
-    sequences: torch.Tensor  # [batch, P + G]: prompt + completion (tail after EOS filled with EOS)
+    sequences: torch.Tensor  # [batch, P + G]: prompt + completion (tail after EOS filled with the first EOS id)
     num_forwards: torch.Tensor  # [batch] forwards this row took part in (a LoPA round counts once)
-    generated_tokens: torch.Tensor  # [batch] tokens up to and including the first EOS
+    generated_tokens: torch.Tensor  # [batch] tokens up to and including the first EOS (any EOS id)
     tpf: torch.Tensor  # [batch] generated_tokens / num_forwards
     step_map: torch.Tensor  # [batch, G]: the row's forward (1-based) that committed each slot; -1 never
     finish_reason: list[str]  # "stop" (EOS / stop string), "length", "step_limit" (max_steps), "cancelled"
     timings: dict = field(default_factory=dict)  # total_seconds, forward_seconds
     stats: dict = field(default_factory=dict)  # strategy-specific counters (e.g. LoPA winners)
+    eos_token_ids: tuple[int, ...] = ()  # the EOS ids the rows stopped at (any of them), the first the padding
 
     def __getitem__(self, key: str):
         return getattr(self, key)
@@ -28,9 +31,9 @@ class Outputs:
     joined later are assembled at the end with every prompt left-padded to the longest."""
 
     def __init__(self, x: torch.Tensor, step_map: torch.Tensor, *, prompt_length: int, limit: int,
-                 eos_id: int | None, mask_id: int, fill_id: int) -> None:
+                 eos: EosIds, mask_id: int, fill_id: int) -> None:
         self.P, self.G, self.limit = prompt_length, step_map.shape[1], limit
-        self.eos_id, self.mask_id, self.fill_id = eos_id, mask_id, fill_id
+        self.eos, self.mask_id, self.fill_id = eos, mask_id, fill_id
         self.x = x.clone()
         self.step_map = step_map.clone()
         self.nfe = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
@@ -57,22 +60,24 @@ class Outputs:
         ``own_regions``: rows have their own generated regions (some row joined), so only the region is kept.
         """
         gen = row[gen_start: gen_start + self.G]
-        eos_id = self.eos_id
-        if reason == "stop" and eos_id is not None:
-            eos = (gen == eos_id).nonzero()
+        # The padding id is the first EOS id whichever one ended the row: one fixed id for every
+        # finished tail (and for one EOS id, that id, as before); the committed EOS itself stays.
+        pad = self.eos.first
+        if reason == "stop" and pad is not None:
+            eos = self.eos.match(gen).nonzero()
             if len(eos):
-                gen[int(eos[0]):] = eos_id
+                gen[int(eos[0]) + 1:] = pad
             else:  # stopped by a string or a criterion: nothing after the committed prefix
                 masked = (gen == self.mask_id).nonzero()
                 if len(masked):
-                    gen[int(masked[0]):] = eos_id
-        ended = gen[: self.limit]  # the answer; slots past it only round the canvas up to whole blocks
-        has_eos = eos_id is not None and bool((ended == eos_id).any())
+                    gen[int(masked[0]):] = pad
+        # the answer is gen[:limit]; slots past it only round the canvas up to whole blocks
+        has_eos = pad is not None and bool(self.eos.match(gen[: self.limit]).any())
         if reason == "length" and has_eos:
             reason = "stop"  # ran to the end of its budget, but the text did end with EOS
         elif reason == "stop" and self.limit < self.G and not has_eos:
             reason = "length"  # filled its max_new_tokens slots, or ended only past them
-        gen[gen == self.mask_id] = eos_id if eos_id is not None else self.mask_id
+        gen[gen == self.mask_id] = pad if pad is not None else self.mask_id
         if not own_regions:
             self.x[orig] = row
         elif orig < self.x.shape[0]:
@@ -93,8 +98,8 @@ class Outputs:
             step_map = step_map[:, : self.limit]
         gen = x[:, -self.limit:]
         full = torch.full((gen.shape[0],), self.limit, dtype=torch.long, device=gen.device)
-        if self.eos_id is not None:
-            is_eos = gen == self.eos_id
+        if self.eos:
+            is_eos = self.eos.match(gen)
             first = torch.where(is_eos.any(-1), is_eos.long().argmax(-1) + 1, full)
         else:
             first = full
@@ -103,6 +108,7 @@ class Outputs:
             tpf=first.double() / self.nfe.clamp(min=1).double(), step_map=step_map,
             finish_reason=self.finish_reason,
             timings={"total_seconds": total_seconds, "forward_seconds": forward_seconds}, stats=stats or {},
+            eos_token_ids=self.eos.ids,
         )
 
     def _assemble_joined(self) -> None:

@@ -22,8 +22,9 @@ class LogitRules:
     """What no strategy may choose, applied to every forward's logits (picklable: ranks get a copy).
 
     * ``banned``: token ids never committed: ``[MASK]`` (committing it would be a no-op that loops
-      forever; ``suppress_mask_token``) and EOS with ``ignore_eos``;
-    * ``eos_id`` before ``min_tokens``: EOS is banned in the first ``min_tokens`` slots of an answer;
+      forever; ``suppress_mask_token``) and every EOS id with ``ignore_eos``;
+    * the EOS ids (``eos_ids``, or the one ``eos_id``) before ``min_tokens``: no EOS id is chosen in the
+      first ``min_tokens`` slots of an answer;
     * ``min_p``: tokens whose probability is below ``min_p`` times the top token's are dropped, so
       sampling and confidences see the distribution renormalised over the rest (vLLM's min_p).
     """
@@ -32,22 +33,38 @@ class LogitRules:
     eos_id: int | None = None
     min_tokens: int = 0
     min_p: float | None = None
+    eos_ids: tuple[int, ...] = ()  # every EOS id; given alone, ``eos_id`` is the one
+
+    def __post_init__(self) -> None:
+        if not self.eos_ids and self.eos_id is not None:
+            object.__setattr__(self, "eos_ids", (int(self.eos_id),))
+        elif self.eos_ids and self.eos_id is None:
+            object.__setattr__(self, "eos_id", self.eos_ids[0])
 
     @classmethod
-    def from_config(cls, cfg, mask_id: int, eos_id: int | None) -> LogitRules:
-        banned = ((mask_id,) if cfg.suppress_mask_token else ()) + ((eos_id,) if cfg.ignore_eos and eos_id is not None else ())
-        return cls(banned, eos_id, cfg.min_tokens if eos_id is not None else 0, cfg.min_p or None)
+    def from_config(cls, cfg, mask_id: int, eos_ids) -> LogitRules:
+        """``eos_ids``: the batch's EOS ids (an :class:`~dllm.decoding.stopping.EosIds`, a sequence, an id or None)."""
+        ids = (eos_ids,) if isinstance(eos_ids, int) else tuple(getattr(eos_ids, "ids", eos_ids) or ())
+        banned = ((mask_id,) if cfg.suppress_mask_token else ()) + (ids if cfg.ignore_eos else ())
+        return cls(banned, ids[0] if ids else None, cfg.min_tokens if ids else 0, cfg.min_p or None, ids)
 
     def apply(self, logits: torch.Tensor, first_slot: int, prompt_length: int | torch.Tensor) -> None:
         """In place, for logits [b, q, V] of slots [first_slot, first_slot + q)."""
-        if self.banned:
-            logits[..., list(self.banned)] = float("-inf")
+        vocab = logits.shape[-1]  # an EOS id past it can never be chosen: nothing to suppress
+        banned = [i for i in self.banned if i < vocab]
+        if banned:
+            logits[..., banned] = float("-inf")
         if self.min_tokens:
             slots = first_slot + torch.arange(logits.shape[1], device=logits.device)
             start = prompt_length[:, None] if torch.is_tensor(prompt_length) else prompt_length
             early = (slots[None, :] - start) < self.min_tokens  # [b or 1, q]
-            eos = logits[..., self.eos_id]
-            logits[..., self.eos_id] = torch.where(early, torch.full_like(eos, float("-inf")), eos)
+            ids = [i for i in self.eos_ids if i < vocab]
+            if len(ids) == 1:
+                eos = logits[..., ids[0]]
+                logits[..., ids[0]] = torch.where(early, torch.full_like(eos, float("-inf")), eos)
+            elif ids:
+                eos = logits[..., ids]  # [b, q, number of EOS ids]
+                logits[..., ids] = torch.where(early[..., None], torch.full_like(eos, float("-inf")), eos)
         if self.min_p:
             floor = logits.amax(-1, keepdim=True) + math.log(self.min_p)
             logits.masked_fill_(logits < floor, float("-inf"))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .output import DiffusionGenerateOutput, Outputs
-from .stopping import Stopping
+from .stopping import EosIds, Stopping
 
 __all__ = ["DecodeState", "DiffusionGenerateOutput"]
 
@@ -37,7 +37,7 @@ class DecodeState:
         cfg,
         *,
         mask_id: int,
-        eos_id: int | None,
+        eos_ids: int | tuple[int, ...] | list[int] | None,
         tokenizer=None,
         streamer=None,
         strategy=None,
@@ -53,7 +53,11 @@ class DecodeState:
         self.cfg = cfg
         self.strategy = strategy
         self.P, self.G = p, g
-        self.mask_id, self.eos_id = mask_id, eos_id
+        self.mask_id = mask_id
+        # Every id that ends an answer (``eos.tensor`` holds them on the canvas's device; ``eos.match(x)``
+        # tests a tensor); ``eos_id`` is the first, the one that pads a finished answer (None: no EOS).
+        self.eos = EosIds((eos_ids,) if isinstance(eos_ids, int) else (eos_ids or ()), device=dev)
+        self.eos_id = self.eos.first
         self.tokenizer = tokenizer
         self.x = torch.cat([input_ids, torch.full((b, g), mask_id, dtype=input_ids.dtype, device=dev)], 1)
         self.key_valid = torch.cat([attention_mask.bool(), torch.ones(b, g, dtype=torch.bool, device=dev)], 1)
@@ -67,13 +71,13 @@ class DecodeState:
         self.batch_streamer = streamer if isinstance(streamer, BatchStreamer) else None
         self.streamer = None if self.batch_streamer is not None else streamer
         self.streamed = torch.zeros(b, dtype=torch.long, device=dev)  # tokens already streamed, per live row
-        self.stopping = Stopping(cfg, limit=self.limit, eos_id=eos_id, tokenizer=tokenizer, criteria=criteria)
+        self.stopping = Stopping(cfg, limit=self.limit, eos=self.eos, tokenizer=tokenizer, criteria=criteria)
         self.pending_done: torch.Tensor | None = None
         self.cancelled: torch.Tensor | None = None
         # Per live row, how many leading generated slots are final (None: every committed token is).
         # Token editing may still change committed tokens of the current block (see set_final).
         self.final_len: torch.Tensor | None = None
-        self.outputs = Outputs(self.x, self.step_map, prompt_length=p, limit=self.limit, eos_id=eos_id,
+        self.outputs = Outputs(self.x, self.step_map, prompt_length=p, limit=self.limit, eos=self.eos,
                                mask_id=mask_id, fill_id=self.fill_id)
         # continuous batching (see admit): whether this call's loop takes new rows, and those waiting
         self.joining = False
@@ -163,8 +167,8 @@ class DecodeState:
     def _stream(self, gen: torch.Tensor, prefix_len: torch.Tensor) -> None:
         for r in range(self.live):
             end = min(int(prefix_len[r]), self.limit)
-            if self.eos_id is not None:
-                eos = (gen[r, :end] == self.eos_id).nonzero()
+            if self.eos:
+                eos = self.eos.match(gen[r, :end]).nonzero()
                 if len(eos):
                     end = int(eos[0])
             start = int(self.streamed[r])

@@ -55,9 +55,13 @@ def encode_prompts(tokenizer, prompts: list[str], chat: bool = True) -> tuple[to
     return left_pad(rows, pad)
 
 
-def completion_text(tokenizer, ids: list[int], eos_id: int | None, stop_strings=()) -> str:
-    if eos_id is not None and eos_id in ids:
-        ids = ids[: ids.index(eos_id)]
+def completion_text(tokenizer, ids: list[int], eos_id, stop_strings=()) -> str:
+    """The text of generated ``ids`` up to the first EOS (``eos_id``: one id, several, or None) and the
+    first stop string."""
+    eos = () if eos_id is None else {eos_id} if isinstance(eos_id, int) else set(eos_id)
+    end = next((i for i, t in enumerate(ids) if t in eos), None) if eos else None
+    if end is not None:
+        ids = ids[:end]
     text = tokenizer.decode(ids, skip_special_tokens=True)
     for s in stop_strings:
         if s in text:
@@ -87,14 +91,16 @@ def generate_text(
     cfg = generation_config or model.diffusion_generation_config
     cfg = cfg.replace(return_dict_in_generate=True, **overrides)
     out = model.generate(input_ids, attention_mask=mask, generation_config=cfg, streamer=streamer, tokenizer=tokenizer)
-    eos_id = cfg.eos_token_id if cfg.eos_token_id is not None else tokenizer.eos_token_id
+    eos_ids = getattr(out, "eos_token_ids", ())  # the ids the decoder stopped at, every one
+    if cfg.eos_token_id is None and tokenizer.eos_token_id is not None:
+        eos_ids = (*eos_ids, tokenizer.eos_token_id)  # and the tokenizer's, as before
     p = input_ids.shape[1]
     seconds = out.timings["total_seconds"]
     results = []
     for i in range(len(prompts)):
         ids = out.sequences[i, p:].tolist()
         results.append(TextResult(
-            text=completion_text(tokenizer, ids, eos_id, cfg.stop_strings),
+            text=completion_text(tokenizer, ids, eos_ids, cfg.stop_strings),
             num_forwards=int(out.num_forwards[i]),
             generated_tokens=int(out.generated_tokens[i]),
             tpf=float(out.tpf[i]),

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from dllm.decoding.stopping import EosIds
 from dllm.text import completion_text, left_pad
 
 from .encoding import encode_answer, encode_messages, encode_prompt
@@ -213,14 +214,20 @@ class Rollouts:
         )
 
 
+def _eos_ids(eos_id) -> EosIds:
+    return EosIds(() if eos_id is None else (eos_id,) if isinstance(eos_id, int) else eos_id)
+
+
 def stop_point(gen_ids: torch.Tensor, step_map: torch.Tensor, num_forwards: torch.Tensor,
-               eos_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(lengths L, forwards F) of each row: L up to and including the first EOS (G if none); F the
-    forward that completed slots [0, L) when there is an EOS, else the row's forward count."""
+               eos_id) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lengths L, forwards F) of each row: L up to and including the first EOS (any of ``eos_id``: one
+    id, several, or None; G if none); F the forward that completed slots [0, L) when there is an EOS,
+    else the row's forward count."""
     n, g = gen_ids.shape
-    if eos_id is None:
+    eos = _eos_ids(eos_id)
+    if not eos:
         return torch.full((n,), g, dtype=torch.long), num_forwards.long().clone()
-    is_eos = gen_ids == eos_id
+    is_eos = eos.match(gen_ids)
     has = is_eos.any(-1)
     lengths = torch.where(has, is_eos.long().argmax(-1) + 1, torch.full((n,), g, dtype=torch.long))
     inside = torch.arange(g)[None, :] < lengths[:, None]
@@ -250,8 +257,9 @@ def generate_rollouts(
     scorer = scorer if scorer is not None else Scorer()
     was_training = model.training
     model.eval()
-    eos_id = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else tokenizer.eos_token_id
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    eos_id = gen_cfg.eos_token_ids or ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
+    eos = _eos_ids(eos_id)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos.first
     encoded = [encode_messages(tokenizer, ex.meta["messages"]) if "messages" in ex.meta
                else encode_prompt(tokenizer, ex.prompt) for ex in examples]
     rows = [(i, encoded[i]) for i in range(len(examples)) for _ in range(group_size)]
@@ -275,7 +283,7 @@ def generate_rollouts(
     gen_ids, step_map, nfe = torch.cat(gens), torch.cat(maps), torch.cat(nfes)
     lengths, forwards = stop_point(gen_ids, step_map, nfe, eos_id)
     tpf = lengths.double() / forwards.double()
-    has_eos = (gen_ids == eos_id).any(-1) if eos_id is not None else torch.ones(len(rows), dtype=torch.bool)
+    has_eos = eos.match(gen_ids).any(-1) if eos else torch.ones(len(rows), dtype=torch.bool)
     row_examples = [examples[i] for i, _ in rows]
     texts = [completion_text(tokenizer, gen_ids[r].tolist(), eos_id) for r in range(len(rows))]
     correct, score = scorer(row_examples, texts)

@@ -65,7 +65,7 @@ def decode_edit(model, state: DecodeState, gen: torch.Generator | None):
     blk_end = P + torch.where(lead > 0, lead, torch.full_like(lead, B))
 
     runner = ModelRunner(model, prompt_length=P, key_valid=state.key_valid,
-                         rules=LogitRules.from_config(cfg, state.mask_id, state.eos_id))
+                         rules=LogitRules.from_config(cfg, state.mask_id, state.eos))
     cache = model.allocate_cache(state.key_valid, prompt_length=mask_prompt)
     max_post = cfg.max_post_steps if cfg.editing_threshold < 1.0 else 0
     post = torch.zeros_like(lead)  # post steps of the current block

@@ -54,7 +54,7 @@ def decode_fast_dllm_v2(model, state: DecodeState, gen: torch.Generator | None):
                                     "decodes only whole sub-blocks)")
     dual = cfg.cache == "dual"
     runner = ModelRunner(model, prompt_length=P, key_valid=state.key_valid,
-                         rules=LogitRules.from_config(cfg, state.mask_id, state.eos_id))
+                         rules=LogitRules.from_config(cfg, state.mask_id, state.eos))
     cache = model.allocate_cache(state.key_valid, prompt_length=None)  # the model's grid from position 0
     starts = first_block_starts(state.key_valid, P, B)
     width = state.x.shape[1]

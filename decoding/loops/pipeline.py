@@ -284,7 +284,7 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None):
     cfg = state.cfg
     B, mask_id = cfg.block_size, state.mask_id
     runner = ModelRunner(model, prompt_length=state.P, key_valid=state.key_valid,
-                         rules=LogitRules.from_config(cfg, state.mask_id, state.eos_id))
+                         rules=LogitRules.from_config(cfg, state.mask_id, state.eos))
     rule = state.strategy.policy(cfg, state)
     window = window_for(model, cfg, state.strategy.policy)(model, cfg, state, runner)
     plans = [RowPlan(state.P) for _ in range(state.live)]
@@ -337,9 +337,10 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None):
         candidates = state.x[:, start:end] == mask_id
         transfer = torch.stack([rule.fill_row(r, p, start, candidates) for r, p in enumerate(plans)])
         state.commit(start, transfer, x0)
-        if state.eos_id is not None:
-            for r, p in enumerate(plans):
-                if bool((state.x[r, start:end][transfer[r]] == state.eos_id).any()):
+        if state.eos:
+            committed_eos = (state.eos.match(state.x[:, start:end]) & transfer).any(-1).tolist()
+            for p, hit in zip(plans, committed_eos):
+                if hit:
                     p.eos = True
         # 7: retire finished blocks in order
         for r, p in enumerate(plans):

@@ -55,7 +55,7 @@ def decode_sdar(model, state: DecodeState, gen: torch.Generator | None):
     steps = cfg.denoising_steps or B
     quota = quota_schedule(torch.tensor([B]), steps)[0].to(state.x.device)  # [steps]
     runner = ModelRunner(model, prompt_length=P, key_valid=state.key_valid,
-                         rules=LogitRules.from_config(cfg, state.mask_id, state.eos_id))
+                         rules=LogitRules.from_config(cfg, state.mask_id, state.eos))
     # prompt_length=None: the model's block grid starts at each row's first token (position 0)
     cache = model.allocate_cache(state.key_valid, prompt_length=None)
     starts = first_block_starts(state.key_valid, P, B)

@@ -31,7 +31,7 @@ def decode_semi_ar(model, state: DecodeState, gen: torch.Generator | None):
     cfg = state.cfg
     B = cfg.block_size
     runner = ModelRunner(model, prompt_length=state.P, key_valid=state.key_valid,
-                         rules=LogitRules.from_config(cfg, state.mask_id, state.eos_id))
+                         rules=LogitRules.from_config(cfg, state.mask_id, state.eos))
     plan = plan_for(model, cfg)(model, cfg, state, runner)
     policy = state.strategy.policy(cfg, state)
     spb = cfg.steps_per_block()

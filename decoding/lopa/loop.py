@@ -19,7 +19,7 @@ from .slots import RoundRequest, SlotSettings, check_commit_noop, digest_toleran
 def _settings(state: DecodeState, *, use_cache: bool, remasking: str, fill_confidence: str = "prob") -> SlotSettings:
     cfg = state.cfg
     return SlotSettings(prompt_length=state.P, mask_id=state.mask_id, use_cache=use_cache,
-                        rules=LogitRules.from_config(cfg, state.mask_id, state.eos_id), temperature=cfg.temperature,
+                        rules=LogitRules.from_config(cfg, state.mask_id, state.eos), temperature=cfg.temperature,
                         top_p=cfg.top_p,
                         top_k=cfg.top_k, remasking=remasking, alpha=cfg.lopa_alpha, rho=cfg.lopa_rho,
                         confidence=cfg.lopa_confidence, fill_confidence=fill_confidence)
@@ -73,7 +73,7 @@ def _decode_block_causal(model, state: DecodeState, gen, factory):
     cfg = state.cfg
     K = cfg.lopa_branches
     G = K + 1
-    B, P, mask_id, eos_id = cfg.block_size, state.P, state.mask_id, state.eos_id
+    B, P, mask_id, eos = cfg.block_size, state.P, state.mask_id, state.eos
     ex = factory(model, groups=G, key_valid=state.key_valid,
                  settings=_settings(state, use_cache=True, remasking="low_confidence", fill_confidence=cfg.d2f_confidence),
                  generator=gen, cfg=cfg)
@@ -95,7 +95,7 @@ def _decode_block_causal(model, state: DecodeState, gen, factory):
                     xr = xc[r].clone()
                     xr[pos] = tok
                     sp = base.copy()
-                    sp.eos = sp.eos or (eos_id is not None and tok == eos_id)
+                    sp.eos = sp.eos or tok in eos
                     sp.append_and_activate(xr, cfg, mask_id)
                     slot_plans[j][r] = sp
             # 3: rows whose anchor has nothing left to decode are finished
@@ -165,9 +165,10 @@ def _decode_block_causal(model, state: DecodeState, gen, factory):
                                                  cfg.skip_threshold, b.complete)[0]
             state.commit(start, transfer, x0)
             xc, tc = state.x.cpu(), transfer.cpu()
-            if eos_id is not None:
-                for r, p in enumerate(plans):
-                    if bool((xc[r, start:end][tc[r]] == eos_id).any()):
+            if eos:
+                committed_eos = (eos.match(xc[:, start:end]) & tc).any(-1).tolist()
+                for p, hit in zip(plans, committed_eos):
+                    if hit:
                         p.eos = True
             # 7: retire finished blocks in order
             for r, p in enumerate(plans):

@@ -2,11 +2,11 @@
 
 ``model.generate`` takes dllm's :class:`~dllm.decoding.config.DiffusionGenerationConfig` fields, and also
 what ``transformers`` users write: ``do_sample``, ``temperature``, ``top_p``, ``top_k``, ``max_new_tokens``,
-``max_length``, ``num_return_sequences``, ``eos_token_id``/``pad_token_id``, ``stop_strings``,
-``guidance_scale`` and a ``transformers.GenerationConfig`` as ``generation_config=``. Fields with no
-meaning for a diffusion canvas (beam search, repetition penalties, per-step scores) are named in one
-warning when they ask for something; ones that ask for nothing (``use_cache=False``,
-``output_scores=False``) pass silently.
+``max_length``, ``num_return_sequences``, ``eos_token_id`` (one id or a list: every id stops a row),
+``min_new_tokens`` (dllm's ``min_tokens``), ``pad_token_id``, ``stop_strings``, ``guidance_scale`` and a
+``transformers.GenerationConfig`` as ``generation_config=``. Fields with no meaning for a diffusion
+canvas (beam search, repetition penalties, per-step scores) are named in one warning when they ask for
+something; ones that ask for nothing (``use_cache=False``, ``output_scores=False``) pass silently.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from dllm.decoding.errors import GenerationConfigError
 
 # transformers names dllm maps (the rest of a GenerationConfig is checked by _inert)
 MAPPED = {"max_new_tokens", "max_length", "do_sample", "temperature", "top_p", "top_k", "num_return_sequences",
-          "eos_token_id", "pad_token_id", "return_dict_in_generate", "stop_strings", "guidance_scale"}
+          "eos_token_id", "pad_token_id", "return_dict_in_generate", "stop_strings", "guidance_scale",
+          "min_new_tokens"}
 # transformers fields that ask for nothing at these values (and bookkeeping keys of a saved GenerationConfig)
 _INERT = {"num_beams": (1,), "num_beam_groups": (1,), "repetition_penalty": (1.0,), "length_penalty": (1.0,),
           "use_cache": (True, False), "output_attentions": (False,), "output_hidden_states": (False,),
@@ -64,9 +65,13 @@ def translate(prompt_length: int, hf_config=None, **kwargs: Any) -> Request:
     out: dict[str, Any] = {k: v for k, v in merged.items() if k in ours and k not in MAPPED}
     _sampling(merged, out)
     _lengths(merged, out, prompt_length)
-    for name in ("eos_token_id", "pad_token_id"):
-        if merged.get(name) is not None:
-            out[name] = _one_id(name, merged[name])
+    if merged.get("eos_token_id") is not None:  # one id or a list: every id stops (the config checks them)
+        eos = merged["eos_token_id"]
+        out["eos_token_id"] = list(eos) if isinstance(eos, (list, tuple)) else eos
+    if merged.get("min_new_tokens") is not None:  # no EOS id before that many answer tokens
+        out["min_tokens"] = merged["min_new_tokens"]
+    if merged.get("pad_token_id") is not None:
+        out["pad_token_id"] = _one_id("pad_token_id", merged["pad_token_id"])
     if merged.get("return_dict_in_generate") is not None:
         out["return_dict_in_generate"] = bool(merged["return_dict_in_generate"])
     if merged.get("stop_strings") is not None:
@@ -111,7 +116,7 @@ def _one_id(name: str, value) -> int:
         if not value:
             raise GenerationConfigError(f"{name} is an empty list")
         if len(value) > 1:
-            _warn(f"{name}={list(value)}: dllm stops at one id, the first ({value[0]})")
+            _warn(f"{name}={list(value)}: dllm pads with one id, the first ({value[0]})")
         value = value[0]
     return int(value)
 

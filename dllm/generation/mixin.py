@@ -34,8 +34,9 @@ class DiffusionGenerationMixin:
     def default_decoding(self, path=None) -> dict:
         """Decoding defaults of a checkpoint without dllm's: the format's own decoder (``family_decoding``:
         ``sdar`` for SDAR, ``fast_dllm_v2`` for Fast-dLLM v2), else D2F for block-causal models and
-        threshold decoding otherwise; a position-aligned model's block length; the first EOS id that
-        ``generation_config.json`` lists (chat checkpoints list the turn end, ``<|im_end|>``, first)."""
+        threshold decoding otherwise; a position-aligned model's block length; every EOS id that
+        ``generation_config.json`` lists (chat checkpoints list the turn end, ``<|im_end|>``, and the
+        document end): any of them stops a row, the first pads a finished answer."""
         import json
         from pathlib import Path
 
@@ -47,7 +48,8 @@ class DiffusionGenerationMixin:
         except (OSError, ValueError):
             eos = None
         if isinstance(eos, list) and eos:
-            fields["eos_token_id"] = int(eos[0])
+            ids = [int(i) for i in eos]
+            fields["eos_token_id"] = ids[0] if len(ids) == 1 else ids
         return fields
 
     @diffusion_generation_config.setter

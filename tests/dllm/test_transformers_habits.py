@@ -121,12 +121,15 @@ def test_num_return_sequences_and_special_ids(bundled):
     out = model.generate(ids, attention_mask=mask, num_return_sequences=3, return_dict_in_generate=True)
     assert out.sequences.shape[0] == 6
     assert _answers(tok, out, ids.shape[1]) == ["168"] * 3 + ["Ann Bob Eve Lee Max Ned Oli Pam"] * 3
-    # eos_token_id overridden to an id never generated: rows run to the end of the canvas
+    # eos_token_id overridden to an id never generated: rows run to the end of the canvas; a list stops
+    # at any of its ids, as in transformers (tests/decoding/test_eos_ids.py)
     never = tok.convert_tokens_to_ids("<|unk|>")
-    with pytest.warns(UserWarning, match="stops at one id"):
-        longer = model.generate(ids[:1], attention_mask=mask[:1], eos_token_id=[never, tok.eos_token_id],
-                            max_new_tokens=8, return_dict_in_generate=True)
+    longer = model.generate(ids[:1], attention_mask=mask[:1], eos_token_id=never, max_new_tokens=8,
+                            return_dict_in_generate=True)
     assert longer.finish_reason == ["length"]
+    listed = model.generate(ids[:1], attention_mask=mask[:1], eos_token_id=[never, tok.eos_token_id],
+                            max_new_tokens=8, return_dict_in_generate=True)
+    assert listed.finish_reason == ["stop"]
     with pytest.raises(dllm.GenerationConfigError, match="num_return_sequences"):
         model.generate(ids, num_return_sequences=0)
     with pytest.raises(dllm.GenerationConfigError, match="unknown generation option"):

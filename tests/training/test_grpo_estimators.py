@@ -264,3 +264,11 @@ def test_stop_point_by_hand():
     lengths, forwards = stop_point(gen, smap, torch.tensor([5, 3, 4]), eos_id=2)
     assert lengths.tolist() == [3, 4, 1]
     assert forwards.tolist() == [3, 3, 4]
+
+
+def test_stop_point_stops_at_any_of_several_eos_ids():
+    gen = torch.tensor([[5, 6, 9, 7], [5, 2, 7, 8], [5, 6, 7, 8]])
+    smap = torch.tensor([[1, 3, 2, 1], [1, 2, 2, 3], [4, 1, 2, 3]])
+    lengths, forwards = stop_point(gen, smap, torch.tensor([5, 3, 4]), eos_id=(2, 9))
+    assert lengths.tolist() == [3, 2, 4]
+    assert forwards.tolist() == [3, 2, 4]
