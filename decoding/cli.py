@@ -25,10 +25,12 @@ def generate(
     seed: int | None = typer.Option(None, help="Seed for sampling."),
     lopa_branches: int | None = typer.Option(None, "--lopa-branches", help="LoPA lookahead branches."),
     branch_parallel: int = typer.Option(1, "--branch-parallel",
-                                        help="Evaluate LoPA branches on N local processes (torch.distributed)."),
+                                        help="Evaluate LoPA branches on N local processes (torch.distributed); "
+                                             "with --tensor-parallel T, on N replicas of T shards each."),
     tensor_parallel: int = typer.Option(1, "--tensor-parallel",
                                         help="Shard every layer over N processes; run under "
-                                             "torchrun --nproc-per-node N (rank 0 prints)."),
+                                             "torchrun --nproc-per-node N, or N x --branch-parallel "
+                                             "(rank 0 prints)."),
     dtype: str | None = typer.Option(None, help="float32, bfloat16 or float16."),
     device: str | None = typer.Option(None, help="cpu, cuda, cuda:1, ..."),
     options: list[str] | None = typer.Option(None, "--set", "-s",
@@ -61,18 +63,23 @@ def generate(
     if stream and (as_json or branch_parallel > 1 or tensor_parallel > 1):
         fail("--stream prints plain text from one process; leave out --json, --branch-parallel "
              "and --tensor-parallel")
-    if tensor_parallel > 1 and branch_parallel > 1:
-        fail("--tensor-parallel and --branch-parallel cannot be combined")
-    rank = 0
-    if tensor_parallel > 1:
+    if tensor_parallel < 1:
+        fail("--tensor-parallel must be >= 1")
+    if branch_parallel < 1:
+        fail("--branch-parallel must be >= 1")
+    rank, mesh = 0, None
+    if tensor_parallel > 1:  # under torchrun: a branch x tensor mesh (dllm.parallel.mesh)
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world != tensor_parallel * branch_parallel:
+            flags_used = f"--tensor-parallel {tensor_parallel}" + (
+                f" --branch-parallel {branch_parallel}" if branch_parallel > 1 else "")
+            _fail_on_rank0(f"{flags_used} runs under torchrun --nproc-per-node {tensor_parallel * branch_parallel} "
+                           f"(this run has WORLD_SIZE={world})")
+        from dllm.parallel.mesh import init_mesh
         from dllm.parallel.tensor import init_from_env
 
         rank, world, device = init_from_env(device)
-        if world != tensor_parallel:
-            fail(f"--tensor-parallel {tensor_parallel} runs under torchrun --nproc-per-node {tensor_parallel} "
-                 f"(this run has WORLD_SIZE={world})")
-    elif tensor_parallel < 1:
-        fail("--tensor-parallel must be >= 1")
+        mesh = init_mesh(branch_parallel, tensor_parallel, device)
     try:
         overrides = {**parse_overrides(options or []), **flags}
         path = resolve_model_path(model)
@@ -82,7 +89,7 @@ def generate(
 
             from dllm.parallel.tensor import broadcast_int, shard_model
 
-            shard_model(m)
+            shard_model(m, group=mesh.tensor_group)
             # every rank runs the whole decoding loop: sampling without --seed must draw the same tokens on all
             torch.manual_seed(broadcast_int(int.from_bytes(os.urandom(4), "little")))
         tok = load_tokenizer_for(path)
@@ -90,14 +97,16 @@ def generate(
         if "max_new_tokens" in overrides and "block_length" not in overrides and cfg.block_length:
             if overrides["max_new_tokens"] % cfg.block_length:
                 overrides["block_length"] = overrides["max_new_tokens"]
-        if branch_parallel > 1:
+        if branch_parallel > 1 and mesh is not None:
+            overrides.setdefault("strategy", "lopa")
+            results = _mesh_branches(m, tok, prompts, mesh, cfg.replace(**overrides), chat=not no_chat,
+                                     batch_size=batch_size)
+        elif branch_parallel > 1:
             from .lopa.branch_parallel import run_branch_parallel
 
             overrides.setdefault("strategy", "lopa")
             results = run_branch_parallel(path, prompts, cfg.replace(**overrides), world_size=branch_parallel,
                                           chat=not no_chat, dtype=dtype, device=device)
-        elif branch_parallel < 1:
-            raise ValueError("--branch-parallel must be >= 1")
         else:
             stop_strings = cfg.replace(**overrides).stop_strings  # a bad option fails before the first batch
             results = []
@@ -110,9 +119,9 @@ def generate(
             for i in range(0, len(prompts), batch_size):
                 results += generate_text(m, tok, prompts[i:i + batch_size], chat=not no_chat, **overrides)
     except USER_ERRORS as err:
-        fail(str(err))
+        (fail if mesh is None else _fail_on_rank0)(str(err))  # under torchrun, rank 0 says it
         return
-    if tensor_parallel > 1:
+    if mesh is not None:
         import torch.distributed as dist
 
         dist.destroy_process_group()  # the collectives are over; only rank 0 prints
@@ -130,6 +139,30 @@ def generate(
         else:
             typer.echo(result.text)
             _print_status(result)
+
+
+def _mesh_branches(model, tokenizer, prompts, mesh, cfg, *, chat: bool, batch_size: int) -> list:
+    """LoPA on a branch x tensor mesh: each tensor rank of replica 0 drives its branch group (and returns
+    the results); the ranks of the other replicas serve their branch group's rounds (and return none)."""
+    from dllm.text import generate_text
+
+    from .lopa.branch_parallel import BranchParallelExecutor, serve_branches
+
+    if mesh.branch_rank > 0:
+        serve_branches(model, group=mesh.branch_group)
+        return []
+    results = []
+    with BranchParallelExecutor.from_process_group(model, group=mesh.branch_group) as ex:
+        for i in range(0, len(prompts), batch_size):
+            results += generate_text(ex, tokenizer, prompts[i:i + batch_size], chat=chat, generation_config=cfg)
+    return results
+
+
+def _fail_on_rank0(message: str, code: int = 2) -> None:
+    """``fail`` on rank 0 of a torchrun launch; the other ranks exit with the same code, silently."""
+    if os.environ.get("RANK", "0") == "0":
+        fail(message, code)
+    raise typer.Exit(code)
 
 
 def _print_status(result) -> None:

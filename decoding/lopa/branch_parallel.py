@@ -35,6 +35,11 @@ Use:
 * Under ``torchrun``, rank 0 uses ``BranchParallelExecutor.from_process_group(model)``, and the
   other ranks call ``serve_branches(model)``. ``python -m torch.distributed.run
   --nproc_per_node N -m dllm.decoding.lopa.branch_parallel --model PATH --prompt ...`` does both.
+* With tensor parallelism, on a branch x tensor mesh (``dllm.parallel.mesh``; ``dllm generate
+  --branch-parallel B --tensor-parallel T`` under ``torchrun --nproc-per-node B*T``): both take a
+  ``group``, the rank's branch group. Each tensor rank of replica 0 drives its own branch group with
+  the same rounds; the protocol's collectives stay inside that group and each forward's inside the
+  replica's tensor group. The K/V digests compare slots holding the same tensor slice.
 
 Branch parallelism needs greedy decoding (``temperature=0``, ``remasking='low_confidence'``): a
 sampled choice would need one random stream shared by every rank. Ranks beyond ``k + 1`` sit
@@ -68,19 +73,24 @@ def rank_groups(num_groups: int, world_size: int) -> list[list[int]]:
 
 
 class _Comm:
-    """The default process group, with the collectives the protocol needs."""
+    """A process group (default: the world), with the collectives the protocol needs.
 
-    def __init__(self) -> None:
+    ``rank`` and ``world`` are the rank and size within ``group``; its first rank drives the rounds.
+    """
+
+    def __init__(self, group=None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("branch parallelism needs an initialized torch.distributed process group")
-        self.rank = dist.get_rank()
-        self.world = dist.get_world_size()
-        self.nccl = dist.get_backend() == "nccl"
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self.root = 0 if group is None else dist.get_global_rank(group, 0)  # collectives name global ranks
+        self.nccl = dist.get_backend(group) == "nccl"
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.nccl else torch.device("cpu")
 
     def bcast_obj(self, obj=None):
         box = [obj]
-        dist.broadcast_object_list(box, src=0, device=self.device if self.nccl else None)
+        dist.broadcast_object_list(box, src=self.root, group=self.group, device=self.device if self.nccl else None)
         return box[0]
 
     def bcast_tensor(self, t: torch.Tensor | None, shape=None, dtype=torch.long) -> torch.Tensor:
@@ -88,13 +98,13 @@ class _Comm:
             t = torch.empty(shape, dtype=dtype, device=self.device)
         else:
             t = t.to(self.device).contiguous()
-        dist.broadcast(t, src=0)
+        dist.broadcast(t, src=self.root, group=self.group)
         return t
 
     def gather(self, t: torch.Tensor) -> list[torch.Tensor] | None:
         t = t.to(self.device).contiguous()
         out = [torch.empty_like(t) for _ in range(self.world)] if self.rank == 0 else None
-        dist.gather(t, out, dst=0)
+        dist.gather(t, out, dst=self.root, group=self.group)
         return out
 
 
@@ -184,11 +194,15 @@ class _DistributedRounds:
         self.comm.bcast_obj({"cmd": "end"})
 
 
-def serve_branches(model) -> None:
-    """Ranks > 0: evaluate the branches rank 0 sends, until it says stop."""
-    comm = _Comm()
+def serve_branches(model, group=None) -> None:
+    """Ranks > 0 of ``group`` (default: the world): evaluate the branches its rank 0 sends, until it says stop.
+
+    On a branch x tensor mesh (``dllm.parallel.mesh``), ``group`` is the rank's branch group and ``model``
+    the shard of its replica's tensor group."""
+    comm = _Comm(group)
     if comm.rank == 0:
-        raise RuntimeError("serve_branches runs on ranks > 0; rank 0 drives the rounds (BranchParallelExecutor)")
+        raise RuntimeError("serve_branches runs on ranks > 0 of its group; rank 0 drives the rounds "
+                           "(BranchParallelExecutor)")
     worker: SlotWorker | None = None
     rows = 0
     with torch.no_grad():
@@ -318,14 +332,17 @@ class BranchParallelExecutor:
             raise
 
     @classmethod
-    def from_process_group(cls, model) -> BranchParallelExecutor:
-        """Rank 0 of an existing process group (torchrun); the other ranks run ``serve_branches(model)``."""
+    def from_process_group(cls, model, group=None) -> BranchParallelExecutor:
+        """Rank 0 of an existing process group (torchrun; ``group`` defaults to the world); the other ranks
+        of the group run ``serve_branches(model, group)``. On a branch x tensor mesh, every tensor rank of
+        replica 0 calls it with its own branch group (``dllm.parallel.mesh``)."""
         self = cls.__new__(cls)
         self._lock = threading.Lock()
         self._procs, self._tmp, self._owns_group, self._closed = [], None, False, False
-        self._comm = _Comm()
+        self._comm = _Comm(group)
         if self._comm.rank != 0:
-            raise RuntimeError("from_process_group is for rank 0; other ranks call serve_branches(model)")
+            raise RuntimeError("from_process_group is for rank 0 of its group; the other ranks call "
+                               "serve_branches(model, group)")
         self.world_size = self._comm.world
         self.model = model
         return self

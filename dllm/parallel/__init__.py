@@ -1,1 +1,2 @@
-"""Running one model over several processes (``torch.distributed``): :mod:`dllm.parallel.tensor`."""
+"""Running one model over several processes (``torch.distributed``): :mod:`dllm.parallel.tensor`, and
+:mod:`dllm.parallel.mesh` (LoPA branch ranks x tensor ranks)."""

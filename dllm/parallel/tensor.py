@@ -28,7 +28,8 @@ world size; :func:`shard_model` raises a :class:`ValueError` naming the numbers 
 is never replicated here).
 
 Under ``torchrun`` (``dllm generate --tensor-parallel N``), :func:`init_from_env` starts the process
-group from the environment (gloo on CPU, NCCL on CUDA).
+group from the environment (gloo on CPU, NCCL on CUDA). With ``--branch-parallel`` too, each LoPA branch
+replica is sharded over its own tensor group of a :mod:`dllm.parallel.mesh` (``shard_model(model, group=...)``).
 """
 
 from __future__ import annotations
