@@ -102,16 +102,27 @@ def test_accelerate_launch_cpu_runs_two_ranks(tmp_path):
 
 @pytest.mark.slow
 def test_two_process_zero2_on_the_cpu(tmp_path):
-    """The shipped ZeRO-2 config on 2 CPU processes (DeepSpeed's CPU accelerator, gloo)."""
+    """The shipped ZeRO-2 config on 2 CPU processes (DeepSpeed's CPU accelerator, gloo), each with batch_size 8
+    of a shared global batch (``shard_global_batch``): the losses of one plain process with batch_size 16."""
+    import numpy as np
+
     pytest.importorskip("deepspeed", reason="DeepSpeed is optional: pip install --no-build-isolation deepspeed")
+    common = ["log_every=1", "mixed_precision=no", "shard_global_batch=true"]
     acc = _accelerate()
     launch = [*acc, "launch"] if len(acc) == 1 else acc
     res = _launch([*launch, "--config_file", str(REPO / "recipes" / "accelerate" / "zero2-8gpu.yaml"),
-                   "--num_processes", "2", "--main_process_port", str(_port()), *_sft_args(tmp_path / "run")],
-                  REPO)  # the accelerate config names the DeepSpeed JSON relative to the repository
+                   "--num_processes", "2", "--main_process_port", str(_port()), *_sft_args(tmp_path / "run"),
+                   "batch_size=8", *common], REPO)  # the accelerate config names the DeepSpeed JSON relative to the repository
     assert res.returncode == 0, res.stderr[-3000:]
     assert "rank 0 of 2 (DEEPSPEED" in res.stderr and "rank 1 of 2 (DEEPSPEED" in res.stderr
-    assert "2 steps x 32 examples" in res.stderr and (tmp_path / "run" / "final" / "model.safetensors").exists()
+    assert "2 steps x 16 examples" in res.stderr and (tmp_path / "run" / "final" / "model.safetensors").exists()
+    one = _launch([sys.executable, *_sft_args(tmp_path / "one"), "batch_size=16", *common], tmp_path)
+    assert one.returncode == 0, one.stderr[-3000:]
+    a, b = _metrics(tmp_path / "one"), _metrics(tmp_path / "run")
+    assert [r["step"] for r in a] == [r["step"] for r in b] == ["1", "2"]
+    for key in ("loss", "grad_norm"):
+        want, got = np.array([float(r[key]) for r in a]), np.array([float(r[key]) for r in b])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=key)
 
 
 def _metrics(run: Path) -> list[dict]:
