@@ -16,6 +16,13 @@ points (without joining it runs exactly as a plain batch):
   that many blocks from there (:func:`may_join`): rows that are far apart make every forward
   cover the union of their windows.
 * d3LLM without a cache: before every forward, as D2F (its full forwards keep no cache to move).
+* SDAR (``sdar``) and Fast-dLLM v2 (``fast_dllm_v2`` without ``cache="dual"``) on position-aligned
+  models: at every block boundary (for ``fast_dllm_v2`` before the forward that reads the next
+  blocks' first tokens). Blocks follow each row's own positions, so a new prompt of ``n`` tokens is
+  placed so that its first block (its last ``n % B`` tokens and the first masks) starts at or after
+  the slowest row's next block (:func:`dllm.decoding.loops.block_grid.join_at_boundary`).
+* Token editing (``edit``): before every forward, as D2F (rows already advance through their blocks
+  on their own); a new prompt ends at the slowest row's current block start.
 
 Every row owns a slot range of the canvas (:meth:`dllm.decoding.state.DecodeState.admit`): slots outside
 it are invalid for the row (``key_valid``), RoPE positions count its valid slots only, and
@@ -25,7 +32,8 @@ runs alone. How its prompt's K/V get computed:
 
 * no cache: every forward covers the whole canvas;
 * ``prefix``/``dual``: the full refresh that starts every block;
-* exact block cache and D2F: the next forward is fed from the new prompt's first slot (the K/V of
+* exact block cache, D2F, SDAR, Fast-dLLM v2 and token editing: the next forward is fed from the new
+  prompt's first slot (the K/V of
   the other rows' final blocks are recomputed from the same tokens: exact under the block-causal
   mask). That forward is the new row's first one, as it is when the row runs alone (prompt and
   first block together), so forward counts match too.
@@ -33,9 +41,20 @@ runs alone. How its prompt's K/V get computed:
 Joining re-lays out the canvas and the cache (a copy, once per join): slots no live row uses any
 more are dropped on the left, so a long-running call does not grow without bound.
 
-Strategies that do not join (LoPA, d3LLM with a cache, token editing, the position-grid decoders,
-classifier-free guidance) take new rows in a batch of their own, which the server steps in turn with
-the running ones.
+Strategies that do not join take new rows in a batch of their own, which the server steps in turn
+with the running ones:
+
+* LoPA: its slot executor (one process, or a branch-parallel mesh of ranks) fixes the canvas, one
+  prompt end for every row and the branch rows' caches when the call starts, and re-laying them out
+  on every rank between rounds is not implemented.
+* d3LLM with a cache: when it refreshes (any row's block stabilising, every ``refresh_interval``
+  forwards of the batch) and how much it keeps (the rows' shortest stable prefix) are decided for
+  the whole batch over a bidirectional model's approximate K/V, so a row's tokens depend on its
+  batchmates.
+* Fast-dLLM v2 with ``cache="dual"``: the choice between a full-block and a sub-block forward is made
+  for the whole batch (any row's sub-block starting with a mask), so a row's tokens depend on its
+  batchmates.
+* Classifier-free guidance: the conditional and unconditional rows share each forward from the start.
 """
 
 from __future__ import annotations
@@ -73,12 +92,16 @@ def poll(state, *, place_at: int, runner, cache: DiffusionKVCache | None):
 
 
 def relayout_cache(cache: DiffusionKVCache, state, shift: int, old_rows: int) -> DiffusionKVCache:
-    """A cache for the re-laid-out canvas: the old rows' K/V moved by ``-shift``, new rows empty."""
+    """A cache for the re-laid-out canvas: the old rows' K/V moved by ``-shift``, new rows empty.
+
+    A cache without ``prompt_length`` (a position-aligned model's grid, from each row's first token)
+    keeps none; any other gets the rows' own prompt ends."""
     if cache.extra:
         raise ValueError("rows cannot join a cache that carries decoder side data")
     k0 = cache.keys[0]
     new = DiffusionKVCache.allocate(num_layers=len(cache.keys), num_kv_heads=k0.shape[1], head_dim=k0.shape[3],
-                                    key_valid=state.key_valid, prompt_length=state.gstart.clone(), dtype=k0.dtype,
+                                    key_valid=state.key_valid, dtype=k0.dtype,
+                                    prompt_length=None if cache.prompt_length is None else state.gstart.clone(),
                                     device=k0.device)
     width = state.x.shape[1]
     lo, hi = max(shift, 0), min(cache.capacity, shift + width)

@@ -46,6 +46,11 @@ def _d3llm_joins(cfg) -> bool:
     return cfg.cache == "none"
 
 
+def _fast_dllm_v2_joins(cfg) -> bool:
+    """Without the sub-block cache: its full-block refresh is decided for the whole batch."""
+    return cfg.cache != "dual"
+
+
 def _edit_post_steps(cfg) -> int:
     """Up to ``max_post_steps`` edit-only forwards per block, one block more."""
     return (cfg.num_blocks + 1) * (cfg.max_post_steps + 1) + 2 * cfg.block_size
@@ -76,17 +81,17 @@ BUILTIN = [
              "LLaDA2.1 token editing (SGLang's joint_threshold): commit masks above threshold (M2T) and "
              "replace committed tokens of the current block the model now prefers above editing_threshold (T2T)",
              frozenset({"threshold", "editing_threshold", "max_post_steps"}), requires_block_causal=True,
-             extra_forwards=_edit_post_steps),
+             joins_rows=True, extra_forwards=_edit_post_steps),
     Strategy("sdar", decode_sdar,
              "SDAR/TraDo block decoding on the model's own blocks: denoising_steps per block, "
              "low-confidence remasking (dynamic: every token above threshold, at least the step's quota)",
              frozenset({"threshold", "denoising_steps", "unmasking"}), requires_block_causal=True, grid="position",
-             exact_replay=True),
+             joins_rows=True, exact_replay=True),
     Strategy("fast_dllm_v2", decode_fast_dllm_v2,
              "Fast-dLLM v2: sub-blocks decoded by confidence threshold inside the model's blocks, the next "
              "block's first token from the finished block (cache='dual': the reference's sub-block cache)",
              frozenset({"threshold", "sub_block_length", "cache"}), requires_block_causal=True, grid="position",
-             shifted_logits=True, exact_replay=True, check=_fast_dllm_v2_cache),
+             shifted_logits=True, joins_rows=_fast_dllm_v2_joins, exact_replay=True, check=_fast_dllm_v2_cache),
     Strategy("lopa", decode_lopa,
              "LoPA: lopa_branches lookahead branches (+ the anchor) verified in one forward per round, on top "
              "of d2f (block-causal models) or threshold (bidirectional)",

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from dllm.decoding.joining import poll
+
 
 def first_block_starts(key_valid: torch.Tensor, prompt_end: int, block_size: int) -> torch.Tensor:
     """[batch] slot where each row's first decoded block starts (the block holding slot ``prompt_end``)."""
@@ -25,6 +27,37 @@ def windows(starts: torch.Tensor, k: int, width: int, lo: int, hi: int) -> torch
     slots = torch.arange(lo, hi, device=starts.device)[None, :]
     begin = (starts + k * width)[:, None]
     return (slots >= begin) & (slots < begin + width)
+
+
+def join_at_boundary(state, runner, cache, cached_end: int, cur: torch.Tensor, budget: torch.Tensor):
+    """A block boundary of a joining call (``dllm.decoding.joining``), ``cur`` holding each row's next block
+    start and ``budget`` the end of its ``max_new_tokens`` slots: rows with no block left leave
+    (``"length"``) and the waiting rows join.
+
+    A new prompt of ``n`` tokens is placed so that its first block (the one holding its last ``n % B``
+    tokens) starts at or after the slowest row's next block, and the next forward is fed from the new
+    prompts' first slot: it computes their K/V (the other rows' final slots again, from the same tokens:
+    exact under the block-causal mask) in the forward that is the new row's first one when it runs alone.
+    Returns ``(cur, budget, cache, cached_end)`` for the re-laid-out canvas.
+    """
+    if state.live:
+        done = cur >= budget
+        if bool(done.any()):
+            keep = state.retire(done, reason="length")
+            cur, budget = cur[keep], budget[keep]
+            runner.select_rows(keep)
+            cache = cache.select_rows(keep)
+    if not state.incoming:
+        return cur, budget, cache, cached_end
+    B = state.cfg.block_size
+    lengths = [len(p) for p, _ in state.incoming]
+    place_at = (int(cur.min()) if state.live else state.x.shape[1]) + max(n % B for n in lengths)
+    _, shift, cache = poll(state, place_at=place_at, runner=runner, cache=cache)
+    place_at -= shift
+    new_cur = torch.tensor([place_at - n % B for n in lengths], dtype=cur.dtype, device=cur.device)
+    cur = torch.cat([cur - shift, new_cur])
+    budget = torch.cat([budget - shift, torch.full_like(new_cur, place_at + state.limit)])
+    return cur, budget, cache, max(0, min(cached_end - shift, place_at - max(lengths)))
 
 
 def choose(logits: torch.Tensor, *, temperature: float, top_k: int | None, top_p: float | None,

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import torch
 
+from dllm.decoding.joining import poll
 from dllm.decoding.policies import select_best
 from dllm.decoding.runner import LogitRules, ModelRunner
 from dllm.decoding.sampling import llada_choice
@@ -50,16 +51,25 @@ def decode_edit(model, state: DecodeState, gen: torch.Generator | None):
     cfg = state.cfg
     B, P = cfg.block_size, state.P
     dev = state.x.device
-    if model.spec.block_alignment == "position":
+    position = model.spec.block_alignment == "position"
+    if position:
         anchor = state.key_valid[:, :P].long().argmax(-1)  # each row's first valid slot: where its grid starts
         lead = (-(P - anchor)) % B  # generated slots in the block that holds the end of the prompt
-        mask_prompt: int | torch.Tensor = anchor
+        # None: the grid starts at each row's first valid slot (``block_grid_origin``), joined rows' too
+        mask_prompt: int | None = None
     else:
         lead = torch.zeros(state.live, dtype=torch.long, device=dev)
         mask_prompt = P
-    # every row decodes whole grid blocks, up to the one that holds its last answer slot
-    region = lead + (state.limit - lead).clamp(min=0).add(B - 1).div(B, rounding_mode="floor") * B
+
+    def grid_region(lead: torch.Tensor) -> torch.Tensor:
+        """Every row decodes whole grid blocks, up to the one that holds its last answer slot."""
+        return lead + (state.limit - lead).clamp(min=0).add(B - 1).div(B, rounding_mode="floor") * B
+
+    region = grid_region(lead)
+    if state.joining and position:  # room for a joined row's region, whatever its lead
+        region = torch.cat([region, grid_region(torch.arange(B, device=dev))])
     state.extend_canvas(int(region.max()) - state.G)
+    region = region[: state.live]
     region_end = P + region
     blk_start = torch.full_like(lead, P)
     blk_end = P + torch.where(lead > 0, lead, torch.full_like(lead, B))
@@ -79,9 +89,9 @@ def decode_edit(model, state: DecodeState, gen: torch.Generator | None):
     if editing:
         state.set_final(torch.zeros_like(lead))
     cols = torch.arange(B, device=dev)
-    per_row = ("region_end", "blk_start", "blk_end", "post", "exact_end", "final")
+    per_row = ("region_end", "blk_start", "blk_end", "post", "exact_end", "final", "gen_start")
     rows = dict(region_end=region_end, blk_start=blk_start, blk_end=blk_end, post=post, exact_end=exact_end,
-                final=torch.zeros_like(lead))
+                final=torch.zeros_like(lead), gen_start=torch.full_like(lead, P))
 
     def keep_rows(keep: torch.Tensor | None) -> None:
         nonlocal cache
@@ -96,13 +106,13 @@ def decode_edit(model, state: DecodeState, gen: torch.Generator | None):
         """Make the current block of the rows ``done`` final; retire rows past their region."""
         blocks[state.rows[done]] += 1
         rows["exact_end"] = torch.where(done & exact, rows["blk_end"], rows["exact_end"])
-        rows["final"] = torch.where(done, rows["blk_end"] - P, rows["final"])
+        rows["final"] = torch.where(done, rows["blk_end"] - rows["gen_start"], rows["final"])
         if editing:
             state.set_final(rows["final"])
         keep_rows(state.pop_finished())
         if not state.live:
             return
-        moved = rows["blk_end"] - P == rows["final"]  # the rows whose block just became final
+        moved = rows["blk_end"] - rows["gen_start"] == rows["final"]  # the rows whose block just became final
         ended = moved & (rows["blk_end"] >= rows["region_end"])
         if bool(ended.any()):
             keep = state.retire(ended, reason="length")
@@ -114,7 +124,35 @@ def decode_edit(model, state: DecodeState, gen: torch.Generator | None):
         rows["blk_end"] = torch.where(moved, rows["blk_end"] + B, rows["blk_end"])
         rows["post"] = torch.where(moved, torch.zeros_like(rows["post"]), rows["post"])
 
-    while state.live:
+    def join() -> None:
+        """Place the waiting rows (``dllm.decoding.joining``): each new prompt ends at the slowest row's
+        current block start, and its first slot becomes the row's ``exact_end``, so the next forward,
+        its first one as when it runs alone, is fed from there and computes the prompt's K/V (the other
+        rows' final slots again, from the same tokens: exact under the block-causal mask)."""
+        nonlocal cache, edits, blocks, edit_forwards
+        lengths = torch.tensor([len(p) for p, _ in state.incoming], dtype=torch.long, device=dev)
+        place_at = int(rows["blk_start"].min()) if state.live else state.x.shape[1]
+        joined, shift, cache = poll(state, place_at=place_at, runner=runner, cache=cache)
+        place_at -= shift
+        lead = (-lengths) % B if position else torch.zeros_like(lengths)
+        at = torch.full_like(lengths, place_at)
+        new = dict(region_end=at + grid_region(lead), blk_start=at,
+                   blk_end=at + torch.where(lead > 0, lead, torch.full_like(lead, B)), post=torch.zeros_like(lead),
+                   exact_end=at - lengths, final=torch.zeros_like(lead), gen_start=at)
+        for name in per_row:
+            old = rows[name] if name in ("post", "final") else rows[name] - shift
+            rows[name] = torch.cat([old, new[name]])
+        rows["exact_end"] = rows["exact_end"].clamp(min=0)
+        if editing:
+            state.final_len = rows["final"].clone()
+        more = torch.zeros(joined, dtype=torch.long, device=dev)
+        edits, blocks, edit_forwards = (torch.cat([t, more]) for t in (edits, blocks, edit_forwards))
+
+    while True:
+        if state.joining and state.incoming:
+            join()
+        if not state.live:
+            break
         slots = rows["blk_start"][:, None] + cols[None, :]
         in_blk = slots < rows["blk_end"][:, None]
         cur = state.x.gather(1, slots.clamp(max=state.x.shape[1] - 1))
@@ -152,6 +190,9 @@ def decode_edit(model, state: DecodeState, gen: torch.Generator | None):
             has_mask, t2t = has_mask[keep], t2t[keep]
             keep_rows(keep)
             if not state.live:
+                if state.joining and state.incoming:
+                    yield
+                    continue
                 break
         settled = ~has_mask & ~t2t.any(-1)  # a forward over the filled block changed nothing
         if bool(settled.any()):

@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 
 from dllm.decoding.errors import GenerationConfigError
-from dllm.decoding.loops.block_grid import choose, first_block_starts, windows
+from dllm.decoding.loops.block_grid import choose, first_block_starts, join_at_boundary, windows
 from dllm.decoding.policies import select_best
 from dllm.decoding.runner import LogitRules, ModelRunner
 from dllm.decoding.state import DecodeState
@@ -56,10 +56,10 @@ def decode_fast_dllm_v2(model, state: DecodeState, gen: torch.Generator | None):
     runner = ModelRunner(model, prompt_length=P, key_valid=state.key_valid,
                          rules=LogitRules.from_config(cfg, state.mask_id, state.eos))
     cache = model.allocate_cache(state.key_valid, prompt_length=None)  # the model's grid from position 0
-    starts = first_block_starts(state.key_valid, P, B)
+    cur = first_block_starts(state.key_valid, P, B)  # per row: the start of the block being decoded
     width = state.x.shape[1]
     dev = state.x.device
-    budget = P + state.limit  # slots past max_new_tokens stay masks (never committed)
+    budget = torch.full_like(cur, P + state.limit)  # slots past max_new_tokens stay masks (never committed)
     cached_end = 0
 
     def next_token(ends: torch.Tensor, rows_in: torch.Tensor) -> None:
@@ -79,34 +79,33 @@ def decode_fast_dllm_v2(model, state: DecodeState, gen: torch.Generator | None):
         cached_end = int(ends.min())  # every row's blocks before `ends` were fed final: exact K/V
 
     def retire() -> None:
-        nonlocal starts, cache
+        nonlocal cur, budget, cache
         keep = state.pop_finished()
         if keep is not None:
-            starts = starts[keep]
+            cur, budget = cur[keep], budget[keep]
             runner.select_rows(keep)
             cache = cache.select_rows(keep)
 
     # A prompt that ends on a block boundary: its first token comes from the prompt's last position.
-    if bool((starts == P).any()):
-        next_token(torch.full_like(starts, P), starts == P)
+    if bool((cur == P).any()):
+        next_token(torch.full_like(cur, P), cur == P)
         retire()
         yield
-    k = 0
     while state.live:
-        lo = int(starts.min()) + k * B
-        hi = min(width, int(starts.max()) + (k + 1) * B)
+        lo = int(cur.min())
+        hi = min(width, int(cur.max()) + B)
         if lo >= hi:
             break
         cached_end = min(cached_end, lo)
         built = False  # the block's K/V in the cache (cache="dual")
         for j in range(B // S):
             while state.live:
-                sub = windows(starts + k * B + j * S, 0, S, lo, hi) & (torch.arange(lo, hi, device=dev) < budget)[None, :]
+                sub = windows(cur + j * S, 0, S, lo, hi) & (torch.arange(lo, hi, device=dev)[None, :] < budget[:, None])
                 candidates = state.masked(lo, hi) & sub
                 need = candidates.any(-1)
                 if not bool(need.any()):
                     break
-                first = (starts + k * B + j * S).clamp(max=width - 1)
+                first = (cur + j * S).clamp(max=width - 1)
                 rows = torch.arange(state.live, device=dev)
                 fresh = not dual or not built or bool((state.x[rows, first] == state.mask_id).any())
                 if fresh:
@@ -118,7 +117,7 @@ def decode_fast_dllm_v2(model, state: DecodeState, gen: torch.Generator | None):
                     cached_end = lo
                 else:  # the sub-block alone against the cached block (its first slot is committed everywhere)
                     a = int(first.min())
-                    b = min(hi, int((starts + k * B + (j + 1) * S).max()))
+                    b = min(hi, int((cur + (j + 1) * S).max()))
                     part = runner.cached(state.x, start=a + 1, end=b, cache=cache, mode="replace", block_size=B)
                     logits = torch.zeros((state.live, hi - lo, part.shape[-1]), dtype=part.dtype, device=dev)
                     logits[:, a + 1 - lo: b - lo] = part
@@ -129,10 +128,16 @@ def decode_fast_dllm_v2(model, state: DecodeState, gen: torch.Generator | None):
                 state.commit(lo, transfer & need[:, None], x0)
                 retire()
                 yield
-        if not state.live:
+        if not state.live and not state.joining:
             break
-        next_token(starts + (k + 1) * B, torch.ones_like(starts, dtype=torch.bool))
+        cur = cur + B
+        if state.joining:  # a block boundary: rows with no block left leave, waiting rows join
+            cur, budget, cache, cached_end = join_at_boundary(state, runner, cache, cached_end, cur, budget)
+            width = state.x.shape[1]
+            if not state.live:
+                break
+        next_token(cur, torch.ones_like(cur, dtype=torch.bool))
         retire()
         yield
-        k += 1
     return {"forward_seconds": runner.forward_seconds, "forwards": runner.forwards}
+

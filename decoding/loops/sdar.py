@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from dllm.decoding.loops.block_grid import choose, first_block_starts, windows
+from dllm.decoding.loops.block_grid import choose, first_block_starts, join_at_boundary, windows
 from dllm.decoding.policies import quota_schedule, select_top_k
 from dllm.decoding.runner import LogitRules, ModelRunner
 from dllm.decoding.state import DecodeState
@@ -58,16 +58,25 @@ def decode_sdar(model, state: DecodeState, gen: torch.Generator | None):
                          rules=LogitRules.from_config(cfg, state.mask_id, state.eos))
     # prompt_length=None: the model's block grid starts at each row's first token (position 0)
     cache = model.allocate_cache(state.key_valid, prompt_length=None)
-    starts = first_block_starts(state.key_valid, P, B)
+    cur = first_block_starts(state.key_valid, P, B)  # per row: the start of the block being decoded
     width = state.x.shape[1]
-    budget = P + state.limit  # slots past max_new_tokens in the last block stay masks (never committed)
-    cached_end, k = 0, 0
-    while state.live:
-        lo = int(starts.min()) + k * B
-        hi = min(width, int(starts.max()) + (k + 1) * B)
+    budget = torch.full_like(cur, P + state.limit)  # slots past max_new_tokens in the last block stay masks
+    cached_end = 0
+    first = True
+    while True:
+        if state.joining and not first:  # a block boundary: done rows leave, waiting rows join
+            cur, budget, cache, cached_end = join_at_boundary(state, runner, cache, cached_end, cur + B, budget)
+            width = state.x.shape[1]
+        elif not first:
+            cur = cur + B
+        first = False
+        if not state.live:
+            break
+        lo = int(cur.min())
+        hi = min(width, int(cur.max()) + B)
         if lo >= hi:
             break
-        window = windows(starts, k, B, lo, hi) & (torch.arange(lo, hi, device=state.x.device) < budget)[None, :]
+        window = windows(cur, 0, B, lo, hi) & (torch.arange(lo, hi, device=state.x.device)[None, :] < budget[:, None])
         step = torch.zeros(state.live, dtype=torch.long, device=state.x.device)
         while state.live:
             candidates = state.masked(lo, hi) & window
@@ -85,9 +94,9 @@ def decode_sdar(model, state: DecodeState, gen: torch.Generator | None):
             step += need.long()
             keep = state.pop_finished()
             if keep is not None:
-                starts, window, step = starts[keep], window[keep], step[keep]
+                cur, budget, window, step = cur[keep], budget[keep], window[keep], step[keep]
                 runner.select_rows(keep)
                 cache = cache.select_rows(keep)
             yield
-        k += 1
     return {"forward_seconds": runner.forward_seconds, "forwards": runner.forwards}
+

@@ -7,12 +7,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from dllm import load_model
 from dllm.decoding import DecodeSession, get_strategy
 from dllm.decoding.errors import GenerationConfigError
 from dllm.decoding.joining import may_join
 from dllm.decoding.streaming import CollectingBatchStreamer
 from dllm.generation import DiffusionGenerationConfig
-from dllm.testing import EOS, PAD, tiny_dream, tiny_llada
+from dllm.testing import EOS, PAD, tiny_block_model, tiny_dream, tiny_llada
 from dllm.text import left_pad
 
 G, B = 16, 4
@@ -254,3 +255,123 @@ def test_a_row_added_between_steps_is_decoded_by_the_next_step(model, bc_model, 
     r = state.live - 1
     start = int(state.gstart[r])
     assert bool((state.x[r, start : start + G] != m.config.mask_token_id).any())
+
+
+# -- the decoders of position-aligned block-causal models (SDAR, Fast-dLLM v2) and token editing (LLaDA2) --
+
+@pytest.fixture(scope="module")
+def block_models():
+    """SDAR and Fast-dLLM v2 at the parity fixtures' recipe, EOS made likelier (some rows stop early)."""
+    models = {f: tiny_block_model(f, seed=0, scale=8.0, silent=(3,)) for f in ("sdar", "fast-dllm-v2")}
+    with torch.no_grad():
+        for m in models.values():
+            m.lm_head.weight[2] *= 1.5  # the bundled tokenizer's EOS
+    return models
+
+
+def _vocab_ids(n: int, seed: int) -> list[int]:
+    """Ids of the bundled tokenizer's vocabulary past its special ids."""
+    return torch.randint(10, 400, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _run_joining(m, cfg, initial, early, late):
+    """Decode ``initial``; add ``early[k]`` after step k and ``late`` once rows 0 and 1 have ended.
+    Returns (output, every prompt in row order, how many rows were live at each add)."""
+    streamer = CollectingBatchStreamer()
+    session = DecodeSession(m, cfg, streamer=streamer, joinable=True)
+    assert session.joinable
+    session.add_rows(initial)
+    prompts, live_at_add, steps, late_added = list(initial), [], 0, False
+    while session.step():
+        steps += 1
+        if session.finished():
+            break
+        if steps in early:
+            assert session.add_rows(early[steps]).start == len(prompts)
+            prompts += early[steps]
+            live_at_add.append(session.live)
+        elif not late_added and 0 in streamer.finished and 1 in streamer.finished and session.live:
+            assert session.add_rows(late).start == len(prompts)
+            prompts += late
+            live_at_add.append(session.live)
+            late_added = True
+    out = session.output()
+    for i in range(len(prompts)):
+        assert streamer.finished[i] == out.finish_reason[i]
+    return out, prompts, live_at_add
+
+
+def _assert_rows_equal_single_runs(m, cfg, out, prompts, n):
+    """Every row's tokens, forwards, finish reason and step map are those of its single run (returned)."""
+    assert len(out.finish_reason) == len(prompts)
+    singles = [m.generate(torch.tensor([p]), generation_config=cfg) for p in prompts]
+    for i, (p, single) in enumerate(zip(prompts, singles)):
+        assert out.sequences[i, -n:].tolist() == single.sequences[0, len(p):].tolist(), i
+        assert int(out.num_forwards[i]) == int(single.num_forwards[0]), i
+        assert out.finish_reason[i] == single.finish_reason[0], i
+        assert torch.equal(out.step_map[i], single.step_map[0]), i
+    return singles
+
+
+POSITION_CASES = [
+    ("sdar", "sdar", {}), ("sdar", "sdar", {"unmasking": "low_confidence_static", "denoising_steps": 2}),
+    ("fast-dllm-v2", "fast_dllm_v2", {}), ("fast-dllm-v2", "fast_dllm_v2", {"sub_block_length": 4}),
+]
+
+
+@pytest.mark.parametrize("family,strategy,extra", POSITION_CASES)
+@pytest.mark.parametrize("stop_at_eos", [False, True])
+@pytest.mark.parametrize("n", [16, 13])  # a budget that ends inside a block leaves its last slots masked
+def test_position_grid_decoders_join_rows_that_then_equal_their_single_runs(block_models, family, strategy, extra,
+                                                                             stop_at_eos, n):
+    m = block_models[family]
+    cfg = DiffusionGenerationConfig(strategy=strategy, max_new_tokens=n, block_length=m.spec.block_size,
+                                    temperature=0.0, stop_at_eos=stop_at_eos, mask_token_id=3, eos_token_id=2,
+                                    threshold=0.9, return_dict_in_generate=True, **extra)
+    assert get_strategy(strategy).can_join(cfg)
+    # prompts that end on a block boundary (8), one past it (9) and inside (3, 5, 7, 12, 6)
+    initial = [_vocab_ids(5, 1), _vocab_ids(8, 2)]
+    early = {1: [_vocab_ids(7, 3)], 2: [_vocab_ids(12, 4), _vocab_ids(3, 5), _vocab_ids(9, 7)]}
+    out, prompts, live_at_add = _run_joining(m, cfg, initial, early, [_vocab_ids(6, 6)])
+    assert len(prompts) >= 6 and all(live > 0 for live in live_at_add)
+    _assert_rows_equal_single_runs(m, cfg, out, prompts, n)
+    if stop_at_eos and n == 16 and not extra:
+        assert "stop" in out.finish_reason  # rows did leave early
+
+
+@pytest.fixture(scope="module")
+def edit_models(moe_checkpoints):
+    """LLaDA2 (blocks from each row's first token) and tiny-d2f (blocks from the prompt end)."""
+    return {"llada2": load_model(moe_checkpoints["llada2"]), "tiny-d2f": load_model("tiny-d2f")}
+
+
+@pytest.mark.parametrize("which,block,extra", [
+    ("llada2", 4, {"threshold": 0.5, "editing_threshold": 0.5, "max_post_steps": 16}),  # edits fire
+    ("llada2", 4, {"threshold": 0.3, "editing_threshold": 0.3, "max_post_steps": 2}),
+    ("llada2", 8, {"threshold": 0.5, "editing_threshold": 1.0}),  # T2T off: threshold over the block cache
+    ("tiny-d2f", 4, {"threshold": 0.5, "editing_threshold": 0.5, "max_post_steps": 4}),
+])
+@pytest.mark.parametrize("stop_at_eos", [False, True])
+def test_token_editing_joins_rows_that_then_equal_their_single_runs(edit_models, which, block, extra, stop_at_eos):
+    m = edit_models[which]
+    n = 10
+    cfg = m.diffusion_generation_config.replace(strategy="edit", max_new_tokens=n, block_length=block,
+                                                temperature=0.0, stop_at_eos=stop_at_eos,
+                                                return_dict_in_generate=True, **extra)
+    assert get_strategy("edit").can_join(cfg)
+    initial = [_vocab_ids(5, 1), _vocab_ids(8, 2)]
+    early = {1: [_vocab_ids(7, 3)], 2: [_vocab_ids(12, 4), _vocab_ids(3, 5)], 5: [_vocab_ids(9, 7)]}
+    out, prompts, live_at_add = _run_joining(m, cfg, initial, early, [_vocab_ids(6, 6)])
+    assert len(prompts) >= 6 and all(live > 0 for live in live_at_add)
+    singles = _assert_rows_equal_single_runs(m, cfg, out, prompts, n)
+    for name in ("edits", "blocks", "edit_forwards"):
+        assert out.stats[name] == [single.stats[name][0] for single in singles], name
+
+
+def test_which_block_family_settings_join():
+    def joins(strategy, **kw):
+        return get_strategy(strategy).can_join(DiffusionGenerationConfig(strategy=strategy, **kw))
+
+    assert joins("sdar") and joins("edit") and joins("fast_dllm_v2", cache="none")
+    assert not joins("fast_dllm_v2", cache="dual")  # the full-block refresh is chosen for the whole batch
+    assert not joins("lopa") and not joins("d3llm", cache="prefix")
