@@ -360,7 +360,7 @@ def test_more_minibatches_than_rollouts_takes_no_empty_steps(ckpt, tmp_path):
     assert int(rows[0]["updates"]) == 2  # 2 rollouts: the third minibatch is empty and skipped
 
 
-def _fake_rollouts(seed: int, groups: int = 3, size: int = 4) -> Rollouts:
+def _random_rollouts(seed: int, groups: int = 3, size: int = 4) -> Rollouts:
     """Rollouts with random verdicts, scores and speeds (no model: what the advantages read)."""
     g = torch.Generator().manual_seed(seed)
     n = groups * size
@@ -397,7 +397,7 @@ def _advantage_worker(rank: int, init: str, out: str) -> None:
     try:
         tr = _grpo_for_advantages()
         res = {}
-        for case, rollouts in (("even", _fake_rollouts(rank)), ("one empty", _fake_rollouts(0) if rank == 0 else None)):
+        for case, rollouts in (("even", _random_rollouts(rank)), ("one empty", _random_rollouts(0) if rank == 0 else None)):
             stats = tr.batch_stats(rollouts, _GlooAccelerator())
             res[case] = (stats, None if rollouts is None else tr.compute_advantages(rollouts, stats)[0])
         torch.save(res, Path(out, f"rank{rank}.pt"))
@@ -424,7 +424,7 @@ def test_two_processes_gather_the_batch_statistics_of_the_advantages(tmp_path, m
         assert p.exitcode == 0
     got = [torch.load(Path(tmp_path, f"rank{r}.pt"), weights_only=False) for r in range(2)]
     tr = _grpo_for_advantages()
-    everything = Rollouts.cat([_fake_rollouts(0), _fake_rollouts(1)], 0)
+    everything = Rollouts.cat([_random_rollouts(0), _random_rollouts(1)], 0)
     want, combined = tr.compute_advantages(everything, None)  # one process: the batch is all there is
     assert float(want.std()) > 0.5
     for rank in range(2):
@@ -432,8 +432,8 @@ def test_two_processes_gather_the_batch_statistics_of_the_advantages(tmp_path, m
         assert stats[2] == 24
         assert stats[0] == pytest.approx(float(combined.sum())) and stats[1] == pytest.approx(float((combined ** 2).sum()))
         torch.testing.assert_close(adv, want[12 * rank: 12 * (rank + 1)], rtol=1e-12, atol=1e-12)
-    alone, _ = tr.compute_advantages(_fake_rollouts(0), None)
+    alone, _ = tr.compute_advantages(_random_rollouts(0), None)
     assert got[0]["one empty"][0] == got[1]["one empty"][0] and got[0]["one empty"][0][2] == 12
     torch.testing.assert_close(got[0]["one empty"][1], alone, rtol=1e-12, atol=1e-12)
     # the per-process normalisation would differ: the gathering is what makes them equal
-    assert not torch.allclose(tr.compute_advantages(_fake_rollouts(1), None)[0], want[12:])
+    assert not torch.allclose(tr.compute_advantages(_random_rollouts(1), None)[0], want[12:])
