@@ -21,6 +21,9 @@ import torch
 WORLD = 2
 PROMPTS = ("What is 123 + 45 ?", "reverse : Ann Bob Cal")  # task-suite prompts the bundled models answer
 FAMILIES = ("llada-gqa", "dream", "sdar", "fast-dllm-v2", "llada-moe", "llada2")
+# each family's fixture decoded greedily by its own decoder (threshold where the family has none)
+FAMILY_STRATEGY = {"llada-gqa": "threshold", "dream": "threshold", "sdar": "sdar", "fast-dllm-v2": "fast_dllm_v2",
+                   "llada-moe": "threshold", "llada2": "edit"}
 
 
 def _family_model(name: str):
@@ -92,6 +95,10 @@ def _results(shard) -> dict:
             cache = model.allocate_cache(valid, prompt_length=ids.shape[1] // 2)
             res[fam + "-cached"] = model(ids, kv_cache=cache, cache_mode="fill").logits
             res[fam + "-kv-heads"] = cache.keys[0].shape[1]
+        cfg = model.diffusion_generation_config.replace(strategy=FAMILY_STRATEGY[fam], max_new_tokens=16,
+                                                        temperature=0.0, return_dict_in_generate=True)
+        out = model.generate(_family_ids(fam), generation_config=cfg)
+        res[fam + "-generate"] = {"sequences": out.sequences, "num_forwards": out.num_forwards}
     return res
 
 
@@ -169,6 +176,17 @@ def test_logits_close_for_every_family(runs, family):
         assert res[family + "-kv-heads"] * WORLD == reference[family + "-kv-heads"]
     assert reference[family].std() > 0.5  # logits of a useful size, so atol 1e-5 is a real bound
     assert torch.equal(ranks[0][family], ranks[1][family])  # the gathered head: every rank has the same logits
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_decodes_token_for_token_as_one_process(runs, family):
+    """Each family's tiny fixture under its own decoder (sdar, fast_dllm_v2, edit; threshold for the others)."""
+    reference, ranks = runs
+    want = reference[family + "-generate"]
+    for res in ranks:
+        assert torch.equal(res[family + "-generate"]["sequences"], want["sequences"])
+        assert torch.equal(res[family + "-generate"]["num_forwards"], want["num_forwards"])
+    assert int(want["num_forwards"].min()) >= 2
 
 
 def test_indivisible_heads_are_refused(runs):
