@@ -122,6 +122,7 @@ class TrainConfig:
     # several processes (SFT): every process draws the same micro-batch of batch_size x processes examples and
     # the masks of all its rows, and trains on its own batch_size rows, so N processes take the steps that one
     # process takes with batch_size x N (equal losses and weights up to float rounding: docs/scaling.md).
+    # GRPO: every process draws the step's prompts x processes and generates its share of the groups' rollouts.
     # false: each process draws its own examples and masks (no process reads or noises another's rows)
     shard_global_batch: bool = False
     mixed_precision: str = "no"  # no | bf16 | fp16

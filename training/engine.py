@@ -284,7 +284,7 @@ class Trainer:
         self.validate()
         if cfg.shard_global_batch and not self.shards_global_batch:
             raise ConfigError(f"shard_global_batch=true: the {self.name} trainer cannot split one global batch over "
-                              "the processes (the SFT trainer can); leave it false")
+                              "the processes (the SFT and GRPO trainers can); leave it false")
         self.tokenizer = None
         self.model: torch.nn.Module | None = None
         self.is_deepspeed = False

@@ -141,6 +141,9 @@ class GRPOTrainer(Trainer):
 
     config_class = GRPOConfig
     name = "grpo"
+    # shard_global_batch: every process draws the global step's prompts, generates the rollout chunks of its
+    # share of the groups and weighs its loss by the global minibatch's counts (``sharded``)
+    shards_global_batch = True
 
     def __init__(self, cfg: GRPOConfig | None = None, *, args: GRPOConfig | None = None, model: str | None = None,
                  train_dataset=None, reward_funcs=None) -> None:
@@ -315,20 +318,24 @@ class GRPOTrainer(Trainer):
     # -- the loss of one minibatch ---------------------------------------------------------------
     def minibatch_loss(self, model, batch: UpdateBatch, views: Views, rows: torch.Tensor,
                        old_lp: torch.Tensor | None, ref_lp: torch.Tensor | None, *, backward=None,
-                       accelerator=None) -> dict[str, float]:
+                       accelerator=None, totals=None, scale: float = 1.0) -> dict[str, float]:
         """Loss of the rollouts ``rows`` (one optimizer step's minibatch), chunked into micro-batches of
         ``batch_size`` views. The per-token weights are fixed for the whole minibatch, so the sum over
         chunks equals the unchunked loss. ``backward(loss, last)`` is called per chunk when given
-        (gradients accumulate); otherwise this only evaluates. Returns summed statistics."""
+        (gradients accumulate); otherwise this only evaluates. Returns summed statistics. ``totals`` and
+        ``scale``: these rows are one process's part of a minibatch shared by the processes (``minibatch_totals``):
+        the weights are the whole minibatch's (``loss_weights``), times ``scale`` (the number of processes,
+        whose gradients DDP averages)."""
         lo = self.cfg.loss
         device = batch.gen_ids.device
         n = batch.gen_ids.shape[0]
         sel = torch.zeros(n, dtype=torch.bool, device=device)
         sel[rows] = True
         sub = loss_weights(batch.lengths[rows], batch.nll_flag[rows], beta=lo.beta, mu=lo.mu,
-                           pg_reduction=lo.pg_reduction, kl_reduction=lo.kl_reduction, nll_reduction=lo.nll_reduction)
-        w_pg, w_kl, w_nll = (torch.zeros(n, dtype=torch.float64, device=device).index_copy(0, rows, x)
-                             for x in (sub.pg, sub.kl, sub.nll))
+                           pg_reduction=lo.pg_reduction, kl_reduction=lo.kl_reduction, nll_reduction=lo.nll_reduction,
+                           totals=totals)
+        w_pg, w_kl, w_nll = (torch.zeros(n, dtype=torch.float64, device=device).index_copy(
+                             0, rows, x if scale == 1.0 else x * scale) for x in (sub.pg, sub.kl, sub.nll))
         in_mb = sel[views.row]
         mb_views = views.index(torch.nonzero(in_mb).flatten())
         chunks = chunk_views(mb_views, self.cfg.batch_size)
@@ -338,7 +345,12 @@ class GRPOTrainer(Trainer):
         if not chunks and backward is not None:  # keep every process's collective calls aligned
             backward(self.zero_loss(model, device), True)
         for i, chunk in enumerate(chunks):
-            with accelerator.autocast() if accelerator is not None else nullcontext():
+            # DDP decides at the forward whether the backward all-reduces: only the last chunk's may (processes
+            # holding different numbers of chunks still meet in one all-reduce)
+            local = (backward is not None and accelerator is not None and accelerator.num_processes > 1
+                     and not self.is_deepspeed and i < len(chunks) - 1)
+            with accelerator.no_sync(model) if local else nullcontext(), \
+                    accelerator.autocast() if accelerator is not None else nullcontext():
                 lp = self.view_logprobs(model, chunk, batch)
             t = chunk.target
             r_t = chunk.row[:, None].expand_as(t)[t]
@@ -371,14 +383,20 @@ class GRPOTrainer(Trainer):
         policy = accelerator.unwrap_model(self.model)
         kept_parts, sampled, kept, all_parts = [], 0, 0, []
         rounds = 1 + (r.max_refill_rounds if cfg.filter.enabled else 0)
+        sharded = self.sharded(accelerator)
         for rnd in range(rounds):
             need = r.prompts_per_step - kept
             if need <= 0:
                 break
-            examples = state.stream.next(need)
+            if sharded:  # the global step's prompts (as one process drawing them all), this process's share
+                rank = accelerator.process_index
+                examples = state.stream.next(need * accelerator.num_processes)[rank * need : (rank + 1) * need]
+                seed, first_chunk = _mix_seed(cfg.seed, 0, state.step, rnd), rank * need * r.group_size // r.batch_size
+            else:
+                examples = state.stream.next(need)
+                seed, first_chunk = _mix_seed(cfg.seed, accelerator.process_index, state.step, rnd), 0
             ro = generate_rollouts(policy, self.tokenizer, examples, r.group_size, self.rollout_config,
-                                   batch_size=r.batch_size,
-                                   seed=_mix_seed(cfg.seed, accelerator.process_index, state.step, rnd),
+                                   batch_size=r.batch_size, seed=seed, first_chunk=first_chunk,
                                    truncated_is_wrong=cfg.reward.truncated_is_wrong, scorer=self.scorer)
             all_parts.append(ro)
             sampled += need
@@ -402,7 +420,38 @@ class GRPOTrainer(Trainer):
         batch = Rollouts.cat(kept_parts, pad) if kept_parts else None
         if batch is not None:
             info.update(accuracy_kept=float(batch.correct.double().mean()), tpf_kept=float(batch.tpf.mean()))
+        if sharded:
+            info = self._global_rollout_info(info, every, batch, accelerator)
         return batch, info
+
+    def sharded(self, accelerator) -> bool:
+        """Whether the processes share one global batch per step (``shard_global_batch`` on several processes)."""
+        return bool(self.cfg.shard_global_batch) and accelerator.num_processes > 1
+
+    def _global_rollout_info(self, info: dict, every: Rollouts, batch: Rollouts | None, accelerator) -> dict:
+        """The rollout metrics of the global batch: sums over the processes (every process sampled the same
+        number of groups, so the means over all rollouts are means of the processes' means)."""
+        eos = self.tokenizer.eos_token_id
+        kept = [0.0, 0.0, 0.0] if batch is None else [len(batch), float(batch.correct.sum()), float(batch.tpf.sum())]
+        sums = torch.tensor([len(every), info["groups_sampled"], info["groups_kept"], float(every.correct.sum()),
+                             float(every.score.sum()), float(every.tpf.sum()), float(every.lengths.sum()),
+                             float(every.forwards.sum()), float((~(every.gen_ids == eos).any(-1)).sum()), *kept],
+                            dtype=torch.float64)
+        (n, sampled, n_kept, correct, score, tpf, lengths, forwards, truncated, kept_rows, kept_correct,
+         kept_tpf) = accelerator.reduce(sums.to(accelerator.device), reduction="sum").tolist()
+        means = {k: v for k, v in info.items() if k.startswith("reward_")}
+        if means:
+            names = sorted(means)
+            means = dict(zip(names, accelerator.reduce(torch.tensor([means[k] for k in names], dtype=torch.float64)
+                                                       .to(accelerator.device), reduction="mean").tolist()))
+        out = {**info, "rollouts": int(n), "groups_sampled": int(sampled), "groups_kept": int(n_kept),
+               "kept_ratio": n_kept / max(1, sampled), "accuracy": correct / n, "reward": score / n, "tpf": tpf / n,
+               "gen_tokens": lengths / n, "forwards": forwards / n, "truncated": truncated / n, **means}
+        out.pop("accuracy_kept", None)
+        out.pop("tpf_kept", None)
+        if kept_rows:
+            out.update(accuracy_kept=kept_correct / kept_rows, tpf_kept=kept_tpf / kept_rows)
+        return out
 
     def reward_terms(self, ro: Rollouts) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """(accuracy [groups, G], TPF [groups, G], advantage kwargs) of the rollouts."""
@@ -455,8 +504,10 @@ class GRPOTrainer(Trainer):
     def make_state(self, accelerator, model) -> GRPOState:
         self.model = model  # the prepared (wrapped) policy: rollouts and updates both go through it
         cfg: GRPOConfig = self.cfg
-        rank = accelerator.process_index
-        sources, source_weights, notes = self.record_sources(rank, accelerator.num_processes)
+        rank, world = accelerator.process_index, accelerator.num_processes
+        if self.sharded(accelerator):  # every process reads the one prompt stream and draws the same generator
+            rank, world = 0, 1
+        sources, source_weights, notes = self.record_sources(rank, world)
         stream = PromptStream(cfg.data.tasks, cfg.seed, rank, cfg.data.chunk_size,
                               "per_batch" if cfg.data.mix == "per_batch" else "per_example", sources, source_weights)
         self._check_lengths(stream)
@@ -601,6 +652,10 @@ class GRPOTrainer(Trainer):
         stats_tot: dict[str, float] = {}
         n_updates, losses, norms = 0, [], []
         model.train()
+        sharded = self.sharded(accelerator)
+        if sharded:  # this process's rows are rows offset .. offset + n_local - 1 of the global batch
+            counts = accelerator.gather(torch.tensor([n_local], device=device)).tolist()
+            offset, n_global = sum(counts[:accelerator.process_index]), sum(counts)
 
         bad_loss = [False]
 
@@ -620,7 +675,11 @@ class GRPOTrainer(Trainer):
                 accelerator.backward(loss)
 
         for epoch in range(lo.ppo_epochs):
-            if batch is not None:
+            if sharded:  # the global batch's minibatches (one permutation, drawn alike everywhere), this process's rows
+                perm = torch.randperm(n_global, generator=state.generator).to(device)
+                parts = [p[(p >= offset) & (p < offset + n_local)] - offset for p in perm.tensor_split(lo.minibatches)]
+                parts = [p if batch is not None else None for p in parts]
+            elif batch is not None:
                 perm = torch.randperm(len(ro), generator=state.generator).to(device)
                 parts = list(perm.tensor_split(lo.minibatches))
             else:
@@ -629,12 +688,16 @@ class GRPOTrainer(Trainer):
                 empty = batch is None or rows.numel() == 0
                 if self._everyone_empty(empty, accelerator):
                     continue  # no optimizer step on zero gradients (Adam's momentum would still move the weights)
+                totals = self.minibatch_totals(batch, None if empty else rows, accelerator) if sharded else None
                 if empty:
                     backward(self.zero_loss(model, device), True)
                     stats = {}
                 else:
                     stats = self.minibatch_loss(model, batch, epochs_views[epoch], rows, old[epoch], ref[epoch],
-                                                backward=backward, accelerator=accelerator)
+                                                backward=backward, accelerator=accelerator, totals=totals,
+                                                scale=accelerator.num_processes if sharded else 1.0)
+                if sharded:
+                    stats = self.global_stats(stats, accelerator)
                 grad_norm = self._clip(model, accelerator)
                 self._guard(grad_norm, "gradient norm", state.step, accelerator, run_dir)
                 optimizer.step()
@@ -656,10 +719,38 @@ class GRPOTrainer(Trainer):
                "kl": stats_tot.get("kl_sum", 0.0) / tokens, "clip_frac": stats_tot.get("clipped", 0.0) / tokens,
                "nll": stats_tot.get("neg_logp_sum", 0.0) / tokens, "ratio": stats_tot.get("ratio_sum", 0.0) / tokens,
                "grad_norm": sum(norms) / max(1, len(norms))}
-        if batch is not None:
+        if sharded:
+            local = [0.0, 0.0, 0.0] if batch is None else [float(batch.adv.abs().sum()),
+                                                          float(batch.nll_flag.double().sum()), float(len(ro))]
+            adv, nll, n = accelerator.reduce(torch.tensor(local, dtype=torch.float64, device=device),
+                                             reduction="sum").tolist()
+            out.update(adv_abs=adv / n, nll_rollouts=nll / n)
+        elif batch is not None:
             out["adv_abs"] = float(batch.adv.abs().mean())
             out["nll_rollouts"] = float(batch.nll_flag.double().mean())
         return out
+
+    @staticmethod
+    def minibatch_totals(batch: UpdateBatch | None, rows: torch.Tensor | None, accelerator) -> tuple:
+        """((rows, tokens) of all, (rows, tokens) of the NLL rollouts) of a minibatch shared by the processes,
+        summed over them (a collective); ``rows``: this process's part (None: none)."""
+        local = torch.zeros(4, dtype=torch.float64)
+        if rows is not None:
+            lengths, flag = batch.lengths[rows].double().cpu(), batch.nll_flag[rows].bool().cpu()
+            local = torch.tensor([float(len(lengths)), float(lengths.sum()), float(flag.sum()),
+                                  float(lengths[flag].sum())], dtype=torch.float64)
+        n, tokens, n_nll, nll_tokens = accelerator.reduce(local.to(accelerator.device), reduction="sum").tolist()
+        return (n, tokens), (n_nll, nll_tokens)
+
+    @staticmethod
+    def global_stats(stats: dict, accelerator) -> dict:
+        """A shared minibatch's statistics over the processes: each one's loss terms carry the factor of the
+        processes (their mean is the minibatch's), the counts and sums add up."""
+        means, sums = ("loss", "pg_loss", "nll_loss"), ("kl_sum", "clipped", "tokens", "ratio_sum", "neg_logp_sum")
+        local = torch.tensor([float(stats.get(k, 0.0)) for k in (*means, *sums)], dtype=torch.float64)
+        total = accelerator.reduce(local.to(accelerator.device), reduction="sum").tolist()
+        world = accelerator.num_processes
+        return {k: v / world if k in means else v for k, v in zip((*means, *sums), total)}
 
     @staticmethod
     def _everyone_empty(empty: bool, accelerator) -> bool:

@@ -22,7 +22,7 @@ from .rl_objectives import ACC_NORMS, ADV_NORMS, ESTIMATORS, REDUCTIONS, TPF_NOR
 @dataclass
 class RolloutSection:
     group_size: int = num(8, ge=2)  # G rollouts per prompt
-    prompts_per_step: int = num(8, ge=1)  # groups wanted per RL step (per process)
+    prompts_per_step: int = num(8, ge=1)  # groups wanted per RL step (per process; shard_global_batch: its share)
     max_refill_rounds: int = num(2, ge=0)  # extra rollout rounds with fresh prompts when the filter leaves the batch short
     strategy: str = "threshold"  # threshold (Fast-dLLM, any model) | d2f (block-causal) | vanilla | factor ...
     temperature: float = num(1.0, ge=0)
@@ -147,6 +147,18 @@ def validate_grpo(cfg: GRPOConfig, has_dataset: bool = False, python_functions: 
     for key, value, valid in choices:
         if value not in valid:
             bad(f"{key}={value!r}; valid: {', '.join(valid)}")
+    if cfg.shard_global_batch:
+        rows = r.prompts_per_step * r.group_size
+        if cfg.filter.enabled and r.max_refill_rounds > 0:
+            bad("shard_global_batch=true: GRPO does not refill filtered groups of a global batch (each process "
+                "would draw its own fresh prompts); set rollout.max_refill_rounds=0 (or filter.enabled=false)")
+        if lo.estimator == "d1":
+            bad("shard_global_batch=true: the d1 estimator draws its prompt masks per process; use "
+                "loss.estimator=trajectory or block_masked")
+        if rows % r.batch_size:
+            bad(f"shard_global_batch=true: each process generates whole chunks of rollout.batch_size rows of the global "
+                f"batch, and its {rows} rollouts (rollout.prompts_per_step x rollout.group_size) are not a multiple of "
+                f"rollout.batch_size={r.batch_size}; set rollout.batch_size to a divisor of {rows}")
     replayable = [s.name for s in STRATEGIES.values() if s.exact_replay]
     if lo.estimator == "trajectory" and r.strategy in STRATEGIES and r.strategy not in replayable:
         bad(f"loss.estimator=trajectory replays the decoding steps of {', '.join(sorted(replayable))}; "

@@ -198,17 +198,28 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - 1.0 - d
 
 
-def reduction_weights(lengths: torch.Tensor, select: torch.Tensor, kind: str) -> torch.Tensor:
+def reduction_weights(lengths: torch.Tensor, select: torch.Tensor, kind: str,
+                      totals: tuple[float, float] | None = None) -> torch.Tensor:
     """Per-sequence token weight w [n] such that Σ_i w_i Σ_{t<L_i} term(i, t) is the reduction.
 
     ``sequence``: mean over the selected sequences of each one's token mean, w_i = 1 / (n_sel L_i);
     ``token``: mean over all tokens of the selected sequences, w_i = 1 / Σ_sel L.
-    Unselected sequences get 0; nothing selected -> all 0 (the term vanishes).
+    Unselected sequences get 0; nothing selected -> all 0 (the term vanishes). ``totals``: (n_sel, Σ_sel L)
+    of the whole minibatch when these rows are one process's part of it (the weights of the global reduction).
     """
     lengths = lengths.double()
     sel = select.bool()
     w = torch.zeros_like(lengths)
     if not bool(sel.any()):
+        return w
+    if totals is not None:
+        count, tokens = totals
+        if kind == "sequence":
+            w[sel] = 1.0 / (float(count) * lengths[sel].clamp(min=1))
+        elif kind == "token":
+            w[sel] = 1.0 / max(float(tokens), 1.0)
+        else:
+            raise ValueError(f"reduction {kind!r}; valid: {', '.join(REDUCTIONS)}")
         return w
     if kind == "sequence":
         w[sel] = 1.0 / (sel.sum().double() * lengths[sel].clamp(min=1))
@@ -237,17 +248,21 @@ def loss_weights(
     pg_reduction: str = "sequence",
     kl_reduction: str = "token",
     nll_reduction: str = "token",
+    totals: tuple[tuple[float, float], tuple[float, float]] | None = None,
 ) -> LossWeights:
     """LightningRL's Seq-Tok-Tok default: L = -mean_seq(token-mean PPO) + β mean_tok(k3) + µ mean_tok∈correct(-ℓθ).
 
     ``correct`` [n] is the verifier's flag, passed explicitly (the released code recovers it as
     ``reward >= 0``, which mislabels rollouts once rewards are z-scored).
+    ``totals``: ((rows, tokens) of every sequence, (rows, tokens) of the correct ones) over the whole minibatch
+    when ``lengths`` are one process's part of it (``reduction_weights``).
     """
     everyone = torch.ones_like(correct, dtype=torch.bool)
+    every, right = totals if totals is not None else (None, None)
     return LossWeights(
-        pg=reduction_weights(lengths, everyone, pg_reduction),
-        kl=beta * reduction_weights(lengths, everyone, kl_reduction),
-        nll=mu * reduction_weights(lengths, correct.bool(), nll_reduction),
+        pg=reduction_weights(lengths, everyone, pg_reduction, every),
+        kl=beta * reduction_weights(lengths, everyone, kl_reduction, every),
+        nll=mu * reduction_weights(lengths, correct.bool(), nll_reduction, right),
     )
 
 

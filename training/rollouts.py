@@ -248,10 +248,13 @@ def generate_rollouts(
     seed: int = 0,
     truncated_is_wrong: bool = True,
     scorer=None,
+    first_chunk: int = 0,
 ) -> Rollouts:
     """``group_size`` samples of each example through ``model.generate`` (``gen_cfg``: a
     DiffusionGenerationConfig; its ``seed`` is replaced per generate call from ``seed``), scored by
-    ``scorer`` (``dllm.training.rewards.Scorer``; default: the suites' verifiers and exact match)."""
+    ``scorer`` (``dllm.training.rewards.Scorer``; default: the suites' verifiers and exact match).
+    ``first_chunk``: the index of the first ``batch_size`` chunk of rows within a larger batch (the chunk's
+    seed depends on it): a process generating its share of a global batch gets the rows one process would."""
     from .rewards import Scorer
 
     scorer = scorer if scorer is not None else Scorer()
@@ -269,7 +272,7 @@ def generate_rollouts(
         for c, start in enumerate(range(0, len(rows), batch_size)):
             chunk = rows[start : start + batch_size]
             ids, mask = left_pad([q for _, q in chunk], pad_id)
-            cfg = gen_cfg.replace(seed=(int(seed) * 1009 + c) % (2**62), return_dict_in_generate=True)
+            cfg = gen_cfg.replace(seed=(int(seed) * 1009 + first_chunk + c) % (2**62), return_dict_in_generate=True)
             out = model.generate(ids.to(device), attention_mask=mask.to(device), generation_config=cfg,
                                  tokenizer=tokenizer)
             p = ids.shape[1]

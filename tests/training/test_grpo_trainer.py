@@ -352,6 +352,56 @@ def test_two_process_ddp_with_uneven_batches(ckpt, tmp_path):
     assert "x 2 processes" in res.stderr
 
 
+@pytest.mark.slow
+def test_two_processes_equal_one_process_at_the_same_global_batch(ckpt, tmp_path):
+    """``shard_global_batch=true``: 2 processes with 2 prompts each log the rollout metrics and losses, and export
+    the weights, of one process with 4 prompts (fp32, within float rounding). The TPF filter keeps different
+    numbers of groups on the two processes, 2 minibatches per step split the global batch unevenly, and
+    micro-batches of 8 views give the processes different numbers of backward passes."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    common = ["--config", str(SMOKE), f"model.path={ckpt}", "num_threads=1", "filter.require_correct=false",
+              "filter.tpf_range=0.45", "rollout.max_refill_rounds=0", "rollout.threshold=0.3", "rollout.batch_size=4",
+              "loss.minibatches=2", "batch_size=8", "max_steps=3", "eval_every=0", "save_every=0",
+              "mixed_precision=no", "shard_global_batch=true", "optim.lr=1e-3"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for var in ("WORLD_SIZE", "LOCAL_RANK", "RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    one = subprocess.run([sys.executable, "-m", "dllm.training.cli", "grpo", *common, f"run_dir={tmp_path / 'one'}",
+                          "rollout.prompts_per_step=4"], check=False, cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=240)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                          str(port), "-m", "dllm.training.cli", "grpo", *common, f"run_dir={tmp_path / 'two'}",
+                          "rollout.prompts_per_step=2"], check=False, cwd=REPO, env={**env, "ACCELERATE_USE_CPU": "1"},
+                         capture_output=True, text=True, timeout=240)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "x 2 processes" in two.stderr
+    a = list(csv.DictReader(_lines(tmp_path / "one" / "metrics.csv")))
+    b = list(csv.DictReader(_lines(tmp_path / "two" / "metrics.csv")))
+    assert [r["step"] for r in a] == [r["step"] for r in b] == ["1", "2", "3"]
+    assert all(r["updates"] == "2" for r in a) and len({r["groups_kept"] for r in a}) > 1  # the filter did filter
+    for key in ("rollouts", "groups_sampled", "groups_kept", "accuracy", "tpf", "gen_tokens", "forwards", "tpf_kept",
+                "updates", "loss", "pg_loss", "nll_loss", "kl", "clip_frac", "nll", "ratio", "grad_norm", "adv_abs"):
+        want, got = np.array([float(r[key]) for r in a]), np.array([float(r[key]) for r in b])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=key)
+    assert len({r["loss"] for r in a}) == 3  # the steps differ: the comparison is not of one constant
+    wa, wb = _weights(tmp_path / "one" / "final"), _weights(tmp_path / "two" / "final")
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        np.testing.assert_allclose(wb[name].numpy(), wa[name].numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
+    start = load_file(str(ckpt / "model.safetensors"))
+    assert any(not torch.equal(start[k], wa[k]) for k in start if k in wa)  # the updates moved the weights
+
+
 def test_more_minibatches_than_rollouts_takes_no_empty_steps(ckpt, tmp_path):
     over = _overrides(ckpt, tmp_path / "run", max_steps=1, **{"filter.enabled": "false", "rollout.group_size": 2,
                                                               "rollout.prompts_per_step": 1, "loss.minibatches": 3})

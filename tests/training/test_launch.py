@@ -164,9 +164,11 @@ def test_two_processes_equal_one_process_at_the_same_global_batch(tmp_path):
         np.testing.assert_allclose(wb[name], wa[name], rtol=1e-4, atol=1e-5, err_msg=name)
 
 
-def test_only_sft_shards_a_global_batch():
-    """The SFT loss is a mean over rows, so equal shares of the rows average to the global loss; distillation's
-    is a mean over the masked tokens of a micro-batch and GRPO draws prompts and rollouts per process."""
+def test_sft_and_grpo_shard_a_global_batch():
+    """The SFT loss is a mean over rows, so equal shares of the rows average to the global loss; GRPO weighs each
+    process's rollouts by the global minibatch's counts; distillation's loss is a mean over the masked tokens of a
+    micro-batch. GRPO refuses what it cannot share: refilling filtered groups, d1's per-process prompt masks, and
+    a process's rollouts that are not whole generate chunks."""
     from dllm.training.config import ConfigError, DistillConfig, SFTConfig
     from dllm.training.distill import DistillTrainer
     from dllm.training.grpo import GRPOTrainer
@@ -176,5 +178,12 @@ def test_only_sft_shards_a_global_batch():
     assert SFTTrainer(SFTConfig(model={"path": "tiny"}, shard_global_batch=True)).cfg.shard_global_batch
     with pytest.raises(ConfigError, match="shard_global_batch=true: the distill trainer"):
         DistillTrainer(DistillConfig(model={"path": "tiny"}, shard_global_batch=True))
-    with pytest.raises(ConfigError, match="shard_global_batch=true: the grpo trainer"):
-        GRPOTrainer(load_grpo_config(None, ["model.path=tiny-d2f", "shard_global_batch=true"]))
+    grpo = ["model.path=tiny-d2f", "shard_global_batch=true", "rollout.max_refill_rounds=0"]
+    assert GRPOTrainer(load_grpo_config(None, grpo)).cfg.shard_global_batch
+    with pytest.raises(ConfigError, match="set rollout.max_refill_rounds=0"):
+        load_grpo_config(None, grpo[:2])
+    assert load_grpo_config(None, [*grpo[:2], "filter.enabled=false"]).shard_global_batch  # nothing to refill
+    with pytest.raises(ConfigError, match="d1 estimator"):
+        load_grpo_config(None, [*grpo, "loss.estimator=d1"])
+    with pytest.raises(ConfigError, match="set rollout.batch_size to a divisor of 12"):
+        load_grpo_config(None, [*grpo, "rollout.prompts_per_step=3", "rollout.group_size=4", "rollout.batch_size=8"])
