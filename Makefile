@@ -32,8 +32,11 @@ install-test: venv
 demo: install-demo
 	$(VPY) -m dllm.eval.demo
 
+# Two pytest workers (pytest-xdist), one test file each at a time (--dist loadfile keeps a module's fixtures
+# in one worker); TEST_WORKERS=0 runs the suite in this process, one test at a time.
+TEST_WORKERS ?= 2
 test: install-test
-	$(VPY) -m pytest -q -m "not gpu" --durations=10 tests
+	$(VPY) -m pytest -q -m "not gpu" --durations=10 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests
 
 # Style check (pyproject [tool.ruff]); ruff comes with the dev extra.
 lint: venv
