@@ -13,7 +13,9 @@ postprocess**:
   ``batch_wait`` (or, after a batch, for as many requests as it had, up to ``10 x batch_wait``); a
   request whose settings match a running batch (that it cannot join) starts with the next batch of
   those settings, when the running one ends, while requests of other settings may start meanwhile:
-  same-settings work is not split into small batches. A request that samples (temperature > 0) with a ``seed`` runs in a
+  same-settings work is not split into small batches. With joining on (``join``), a request whose
+  strategy cannot join a running batch (LoPA, cached d3LLM, Fast-dLLM v2's dual cache) starts a batch
+  of its own at once instead, so every request streams after at most one step of each running batch. A request that samples (temperature > 0) with a ``seed`` runs in a
   batch of its own, so its output depends only on the request.
 * **run**: one ``step()`` of the next batch in turn (round robin): one forward and its commits. A
   large request therefore holds the decoder for one step at a time, and a small request that arrives
@@ -432,10 +434,13 @@ class Engine:
                     if req is not head and req.key == head.key and rows + len(req.rows) <= self.max_batch_size:
                         group.append(req)
                         rows += len(req.rows)
-            if rows < self.max_batch_size and any(run.key == head.key for run in self._running):
+            same = [run for run in self._running if run.key == head.key]
+            if rows < self.max_batch_size and same and not (self.join and not any(r.batch.joinable for r in same)):
                 # a batch of its settings is running: it starts with the next one, when that ends (or joins
                 # it, where joining is on), so same-settings work is not split into small batches; requests
-                # of other settings may start meanwhile
+                # of other settings may start meanwhile. With joining on, settings whose strategy cannot take
+                # rows mid-call (LoPA, cached d3LLM, ...) start a batch of their own at once instead, stepped
+                # in turn with the running one: latency first, as joining is
                 continue
             ready_at = self._ready_at(head, rows)
             if ready_at <= now:

@@ -71,6 +71,41 @@ def test_request_arriving_mid_call_joins_it_and_streams_before_the_first_ends(se
         assert text_a and text_b
 
 
+def test_a_lopa_request_arriving_mid_call_streams_from_a_batch_of_its_own(serve, tmp_path_factory):
+    """LoPA takes no rows into a running batch; with --join a second request starts its own batch at once
+    and the two are stepped in turn, so it streams before the first ends, with its own answer."""
+    path = build_checkpoint(tmp_path_factory.mktemp("join-lopa"), seed=5, block_causal=True, stop_at_eos=False,
+                            max_new_tokens=32)
+    body = {"max_tokens": 96, "extra_body": {"strategy": "lopa", "lopa_branches": 2}}
+    with serve(path, max_batch_size=4, batch_wait_ms=5, join=True) as (url, app):
+        engine = app.state.dllm.engine
+
+        def client():
+            return openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+        prompts = ["the cat sat on the mat", "what is two plus three"]
+
+        async def both():
+            events: dict = {}
+            async with client() as c:
+                first = asyncio.create_task(_stream(c, prompts[0], events, "a", **body))
+                while "a_first" not in events:
+                    await asyncio.sleep(0.002)
+                second = asyncio.create_task(_stream(c, prompts[1], events, "b", **body))
+                return await first, await second, events
+
+        batches = engine.batches
+        text_a, text_b, ev = asyncio.run(both())
+        assert engine.batches - batches == 2 and _metric(url, "dllm_joined_rows_total") == 0
+        assert ev["b_first"] < ev["a_finish"], ev
+
+        async def alone(prompt):
+            async with client() as c:
+                return await _stream(c, prompt, {}, "x", **body)
+
+        assert (text_a, text_b) == (asyncio.run(alone(prompts[0])), asyncio.run(alone(prompts[1])))
+
+
 class _Open:
     """A running batch that takes every row (the scheduler's view of one)."""
 
@@ -131,6 +166,38 @@ def test_admission_joins_in_arrival_order_within_the_batch_size_and_starts_other
         assert e.queue_depth == 0
 
     asyncio.run(main())
+
+
+class _Closed(_Open):
+    """A running batch of a strategy that takes no rows mid-call (LoPA, cached d3LLM)."""
+
+    joinable = False
+
+
+def test_with_joining_on_settings_that_cannot_join_start_a_batch_of_their_own_at_once():
+    """A request whose running same-settings batch cannot take it does not wait for that batch to end
+    (--join: latency first); with joining off it does (same-settings work stays in one batch)."""
+    from dllm.generation import DiffusionGenerationConfig
+    from dllm.serving.engine import Engine
+    from dllm.serving.testing import WORDS
+    from dllm.tokenization import build_tokenizer
+
+    cfg = DiffusionGenerationConfig(strategy="lopa", max_new_tokens=16, block_length=8)
+
+    async def main(join: bool):
+        e = Engine(None, build_tokenizer([WORDS]), session_factory=lambda *a, **k: _Closed(), max_batch_size=4,
+                   join=join)  # not started: the test calls the scheduler
+        first = e.submit([[4]], n=1, cfg=cfg, max_tokens=8)
+        _admit(e, time.monotonic() + 1)
+        late = e.submit([[5]], n=1, cfg=cfg, max_tokens=8)
+        now = time.monotonic()
+        _admit(e, now + e.batch_wait + 1e-3)  # past its wait for company
+        return [r.requests for r in e._running], e._pending, first, late
+
+    running, pending, first, late = asyncio.run(main(join=True))
+    assert running == [[first], [late]] and pending == []  # stepped in turn from now on
+    running, pending, first, late = asyncio.run(main(join=False))
+    assert running == [[first]] and pending == [late]
 
 
 def test_no_join_engine_admits_nothing_and_passes_the_spread_bound_to_the_session():
