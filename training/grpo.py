@@ -496,6 +496,13 @@ class GRPOTrainer(Trainer):
             if int(stage) >= 3:
                 raise ConfigError("GRPO generates rollouts in-process from the training weights; ZeRO-3 partitions "
                                   "them. Use ZeRO-1/2 (recipes/accelerate/zero2-8gpu.yaml)")
+            if self.cfg.shard_global_batch and accelerator.num_processes > 1:
+                # each process trains on its own share of the kept rollouts, so the processes may run different
+                # numbers of backward passes; DeepSpeed reduces gradients inside every one of them, and a
+                # 2-process ZeRO-2 run waited on the missing reduction until killed (2026-12-06)
+                raise ConfigError("shard_global_batch=true with GRPO runs under DDP (accelerate launch / torchrun "
+                                  "without a DeepSpeed config), not DeepSpeed: the processes' numbers of backward "
+                                  "passes differ and DeepSpeed reduces inside each one")
 
     def scheduler_steps(self) -> int:
         lo = self.cfg.loss

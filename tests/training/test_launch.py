@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -187,3 +188,10 @@ def test_sft_and_grpo_shard_a_global_batch():
         load_grpo_config(None, [*grpo, "loss.estimator=d1"])
     with pytest.raises(ConfigError, match="set rollout.batch_size to a divisor of 12"):
         load_grpo_config(None, [*grpo, "rollout.prompts_per_step=3", "rollout.group_size=4", "rollout.batch_size=8"])
+    # under DeepSpeed the processes' different numbers of backward passes would wait on each other's reductions
+    trainer = GRPOTrainer(load_grpo_config(None, grpo))
+    trainer.is_deepspeed = True
+    zero2 = SimpleNamespace(num_processes=2, state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(
+        deepspeed_config={"zero_optimization": {"stage": 2}})))
+    with pytest.raises(ConfigError, match="runs under DDP"):
+        trainer.check_accelerator(zero2)
