@@ -72,7 +72,10 @@ class DecodeSession:
             raise GenerationConfigError("stop_strings need the tokenizer: pass tokenizer= to generate")
         self.streamer, self.criteria = streamer, tuple(criteria)
         self.resources = {"executor": branch_executor} if self.strategy.branches else {}
-        self.joinable = bool(joinable) and self.strategy.can_join(cfg)
+        # a branch executor that does not re-lay out its caches for joined rows (branch parallelism's ranks)
+        self._fixed_branches = (self.strategy.branches and branch_executor is not None
+                                and not getattr(branch_executor, "joins_rows", False))
+        self.joinable = bool(joinable) and self.strategy.can_join(cfg) and not self._fixed_branches
         self.join_max_spread_blocks = join_max_spread_blocks
         self.vocab = model.get_input_embeddings().num_embeddings
         self.device = model.get_input_embeddings().weight.device
@@ -102,7 +105,9 @@ class DecodeSession:
         if not self.joinable:
             raise GenerationConfigError(
                 f"strategy {self.strategy.name!r} does not take rows into a running batch"
-                + ("" if self.strategy.can_join(self.cfg) else "; run them in a batch of their own"))
+                + ("; its branch executor keeps the rows it started with" if self._fixed_branches else "")
+                + ("" if self.strategy.can_join(self.cfg) and not self._fixed_branches
+                   else "; run them in a batch of their own"))
         prompts = [row[m.bool()].tolist() if m is not None else row.tolist()
                    for row, m in zip(ids, mask if mask is not None else [None] * ids.shape[0])]
         per_row = [{k: v[i] for k, v in values.items()} for i in range(len(prompts))]

@@ -23,6 +23,11 @@ points (without joining it runs exactly as a plain batch):
   the slowest row's next block (:func:`dllm.decoding.loops.block_grid.join_at_boundary`).
 * Token editing (``edit``): before every forward, as D2F (rows already advance through their blocks
   on their own); a new prompt ends at the slowest row's current block start.
+* LoPA with its single-process executor (``local_executor``): on the D2F base rule before every
+  round, as D2F (``join_max_spread_blocks`` included); on the threshold base rule (bidirectional
+  models) at every block boundary, as semi-AR. The executor re-lays out every branch group's
+  canvas rows and cache the same way (:meth:`dllm.decoding.lopa.slots.SlotWorker.admit`, with
+  :func:`move_cache`); a joined row starts with no lookahead branches, as in its first round alone.
 
 Every row owns a slot range of the canvas (:meth:`dllm.decoding.state.DecodeState.admit`): slots outside
 it are invalid for the row (``key_valid``), RoPE positions count its valid slots only, and
@@ -32,7 +37,7 @@ runs alone. How its prompt's K/V get computed:
 
 * no cache: every forward covers the whole canvas;
 * ``prefix``/``dual``: the full refresh that starts every block;
-* exact block cache, D2F, SDAR, Fast-dLLM v2 and token editing: the next forward is fed from the new
+* exact block cache, D2F (LoPA's too), SDAR, Fast-dLLM v2 and token editing: the next forward is fed from the new
   prompt's first slot (the K/V of
   the other rows' final blocks are recomputed from the same tokens: exact under the block-causal
   mask). That forward is the new row's first one, as it is when the row runs alone (prompt and
@@ -44,9 +49,9 @@ more are dropped on the left, so a long-running call does not grow without bound
 Strategies that do not join take new rows in a batch of their own, which the server steps in turn
 with the running ones:
 
-* LoPA: its slot executor (one process, or a branch-parallel mesh of ranks) fixes the canvas, one
-  prompt end for every row and the branch rows' caches when the call starts, and re-laying them out
-  on every rank between rounds is not implemented.
+* LoPA with a branch executor (branch parallelism): its ranks fix the canvas, the prompt ends and
+  their branch groups' caches when the call starts, and re-laying them out on every rank between
+  rounds is not implemented (an executor factory that does is marked ``joins_rows = True``).
 * d3LLM with a cache: when it refreshes (any row's block stabilising, every ``refresh_interval``
   forwards of the batch) and how much it keeps (the rows' shortest stable prefix) are decided for
   the whole batch over a bidirectional model's approximate K/V, so a row's tokens depend on its
@@ -58,6 +63,8 @@ with the running ones:
 """
 
 from __future__ import annotations
+
+import torch
 
 from dllm.modeling.kv_cache import DiffusionKVCache
 
@@ -96,18 +103,26 @@ def relayout_cache(cache: DiffusionKVCache, state, shift: int, old_rows: int) ->
 
     A cache without ``prompt_length`` (a position-aligned model's grid, from each row's first token)
     keeps none; any other gets the rows' own prompt ends."""
+    return move_cache(cache, state.key_valid, state.gstart, shift, list(range(old_rows)))
+
+
+def move_cache(cache: DiffusionKVCache, key_valid, prompt_length, shift: int, rows) -> DiffusionKVCache:
+    """A cache over ``key_valid`` (``[new rows, width]``) whose row ``rows[i]`` holds old row ``i``'s K/V,
+    moved by ``-shift``; the other rows are empty (LoPA's branch-major slots use it per branch group)."""
     if cache.extra:
         raise ValueError("rows cannot join a cache that carries decoder side data")
     k0 = cache.keys[0]
     new = DiffusionKVCache.allocate(num_layers=len(cache.keys), num_kv_heads=k0.shape[1], head_dim=k0.shape[3],
-                                    key_valid=state.key_valid, dtype=k0.dtype,
-                                    prompt_length=None if cache.prompt_length is None else state.gstart.clone(),
+                                    key_valid=key_valid, dtype=k0.dtype,
+                                    prompt_length=None if cache.prompt_length is None else prompt_length.clone(),
                                     device=k0.device)
-    width = state.x.shape[1]
+    width = key_valid.shape[1]
     lo, hi = max(shift, 0), min(cache.capacity, shift + width)
-    if hi > lo:
+    if hi > lo and len(rows):
+        dst = torch.as_tensor(rows, dtype=torch.long, device=k0.device)
+        src = slice(0, len(rows))
         for layer in range(len(cache.keys)):
-            new.keys[layer][:old_rows, :, lo - shift : hi - shift] = cache.keys[layer][:, :, lo:hi]
-            new.values[layer][:old_rows, :, lo - shift : hi - shift] = cache.values[layer][:, :, lo:hi]
+            new.keys[layer][dst, :, lo - shift : hi - shift] = cache.keys[layer][src, :, lo:hi]
+            new.values[layer][dst, :, lo - shift : hi - shift] = cache.values[layer][src, :, lo:hi]
     new.length = max(0, cache.length - shift)
     return new

@@ -51,6 +51,13 @@ def _fast_dllm_v2_joins(cfg) -> bool:
     return cfg.cache != "dual"
 
 
+def _lopa_joins(cfg) -> bool:
+    """On either base rule (D2F: before every round; threshold: at block starts) with the single-process
+    executor, which re-lays out every branch group; ``DecodeSession`` keeps a batch whose branches run on
+    a branch executor (branch parallelism: ranks that re-lay out nothing) from taking rows."""
+    return True
+
+
 def _edit_post_steps(cfg) -> int:
     """Up to ``max_post_steps`` edit-only forwards per block, one block more."""
     return (cfg.num_blocks + 1) * (cfg.max_post_steps + 1) + 2 * cfg.block_size
@@ -96,7 +103,7 @@ BUILTIN = [
              "LoPA: lopa_branches lookahead branches (+ the anchor) verified in one forward per round, on top "
              "of d2f (block-causal models) or threshold (bidirectional)",
              _D2F | _LLADA | {"threshold", "steps", "lopa_branches", "lopa_alpha", "lopa_rho", "lopa_confidence",
-                              "lopa_force_anchor"}, branches=True, check=_lopa_refresh),
+                              "lopa_force_anchor"}, branches=True, check=_lopa_refresh, joins_rows=_lopa_joins),
 ]
 
 for _strategy in BUILTIN:

@@ -52,7 +52,8 @@ left) are padded with a copy of the anchor. Padding slots are computed but never
 ``-inf``). When no row has a lookahead (the first round, a bidirectional block start, the tail of
 a generation), only the anchor group is forwarded. Its K/V are then copied into the other
 groups. Each slot owns one row of a :class:`DiffusionKVCache` for the whole generation, so
-nothing is copied when the winner changes:
+nothing is copied when the winner changes (rows that join a running batch, see
+:mod:`dllm.decoding.joining`, re-lay out every group's rows alike, once per join):
 
 * block-causal: the cache holds the prompt plus finished blocks, and it is the same in every
   branch of a row. Lookahead tokens sit only in active blocks, and under the block-causal mask

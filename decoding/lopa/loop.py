@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dllm.decoding.joining import may_join
 from dllm.decoding.loops.pipeline import IN_CACHE, TO_CACHE, RowPlan, d2f_fill
 from dllm.decoding.policies import select_threshold
 from dllm.decoding.runner import LogitRules
@@ -34,6 +35,10 @@ class _Books:
     slot_rows: int = 0  # branch rows forwarded, all rounds (compute actually spent)
     commit_diff: float = 0.0
 
+    def grow(self, rows: int) -> None:
+        """Rows joined: the batch has ``rows`` rows so far."""
+        self.winners += [[] for _ in range(rows - len(self.winners))]
+
     def stats(self, ex, k: int) -> dict:
         return {"forward_seconds": ex.forward_seconds, "forwards": ex.forwards, "steps": self.rounds,
                 "lopa_branches": k, "lopa_winners": self.winners, "lopa_branch_rows": self.slot_rows,
@@ -60,6 +65,15 @@ def _adopt(state: DecodeState, xc: torch.Tensor, start: int, width: int, winners
 
 
 
+def _join(state: DecodeState, ex, place_at: int) -> tuple[int, int]:
+    """Place the waiting rows with their prompts ending at ``place_at`` and re-lay out the executor's
+    branch groups the same way (see :func:`dllm.decoding.joining.poll`). Returns ``(rows, shift)``."""
+    joined, shift = state.admit(place_at)
+    if joined:
+        ex.admit(state.key_valid, state.gstart, shift)
+    return joined, shift
+
+
 def decode_lopa(model, state: DecodeState, gen: torch.Generator | None, *, executor=None):
     """``executor``: the factory of the branch executor (:func:`~dllm.decoding.lopa.slots.local_executor`'s
     signature; a :class:`~dllm.decoding.lopa.branch_parallel.BranchParallelExecutor` passes its own)."""
@@ -81,8 +95,24 @@ def _decode_block_causal(model, state: DecodeState, gen, factory):
     books = _Books(winners=[[] for _ in range(state.live)])
     plans = [RowPlan(P) for _ in range(state.live)]
     looks: list[list[tuple[int, int, float]]] = [[] for _ in plans]  # absolute slot, token, confidence
+    join = state.joining
     try:
-        while state.live:
+        while True:
+            if join:  # before every round new rows may join, as in the D2F pipeline
+                place = min((p.feed_start() for p in plans), default=0)
+                window_end = max((p.end for p in plans), default=place)
+                if state.incoming and may_join(state, place_at=place, window_end=window_end, block=B):
+                    joined, shift = _join(state, ex, place)
+                    for p in plans:
+                        p.shift(shift)
+                    looks = [[(pos - shift, tok, c) for pos, tok, c in row] for row in looks]
+                    first, _ = state.row_spans()
+                    news = range(state.live - joined, state.live)
+                    plans += [RowPlan(int(state.gstart[r]), int(first[r])) for r in news]
+                    looks += [[] for _ in news]
+                    books.grow(state.num_rows)
+            if not state.live:
+                break
             R = state.live
             xc = state.x.cpu()  # block bookkeeping reads a host copy (no device sync per block)
             # 1-2: append / activate, per branch (the anchor in place, lookaheads on copies)
@@ -108,6 +138,8 @@ def _decode_block_causal(model, state: DecodeState, gen, factory):
                 xc = xc[keep.cpu()]
                 ex.select_rows(keep)
                 if not state.live:
+                    if join and state.incoming:
+                        continue  # waiting rows join now
                     break
                 R = state.live
             # 4: the round's slots (branch-major), padding = the anchor
@@ -200,17 +232,29 @@ def _decode_semi_ar(model, state: DecodeState, gen, factory):
     cfg = state.cfg  # refresh_interval is rejected up front by registry.check_compatible
     K = cfg.lopa_branches
     G = K + 1
-    B, P = cfg.block_size, state.P
-    T = P + state.G
+    B = cfg.block_size
     spb = cfg.steps_per_block()
     ex = factory(model, groups=G, key_valid=state.key_valid,
                  settings=_settings(state, use_cache=cfg.cache != "none", remasking=cfg.remasking), generator=gen, cfg=cfg)
     books = _Books(winners=[[] for _ in range(state.live)])
+    blk, s = 0, state.P
     try:
-        for blk in range(cfg.num_blocks):
+        while True:
+            if state.joining:  # at every block start, as semi-AR: rows whose region is done leave, waiting rows join
+                if state.live:
+                    ended = state.row_spans()[1] <= s
+                    if bool(ended.any()):
+                        ex.select_rows(state.retire(ended, reason="length"))
+                if state.incoming:
+                    _, shift = _join(state, ex, s)
+                    s -= shift
+                    books.grow(state.num_rows)
+            elif blk >= cfg.num_blocks:
+                break
             if state.live == 0:
                 break
-            s, e = P + blk * B, P + (blk + 1) * B
+            e = s + B
+            blk += 1
             looks: list[list[tuple[int, int, float]]] = [[] for _ in range(state.live)]
             i = 0
             while state.live:
@@ -221,6 +265,7 @@ def _decode_semi_ar(model, state: DecodeState, gen, factory):
                     break
                 R = state.live
                 xc = state.x.cpu()
+                T = xc.shape[1]
                 if cfg.cache == "none":
                     kind, end, keep_prefix = "full", T, None
                 elif i == 0:
@@ -268,6 +313,7 @@ def _decode_semi_ar(model, state: DecodeState, gen, factory):
                 else:
                     looks = [[] for _ in range(state.live)]
                 yield
+            s = e
     finally:
         ex.close()
     return books.stats(ex, K)

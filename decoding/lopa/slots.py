@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dllm.decoding.joining import move_cache
 from dllm.decoding.runner import LogitRules, ModelRunner
 from dllm.decoding.sampling import llada_choice, ranking_confidence
 from dllm.modeling.kv_cache import DiffusionKVCache
@@ -103,11 +104,26 @@ class SlotWorker:
             self.cache = self.cache.select_rows(idx)
         self.rows = int(keep.numel())
 
+    def admit(self, key_valid: torch.Tensor, prompt_length: torch.Tensor, shift: int) -> None:
+        """Rows joined the batch (:meth:`dllm.decoding.state.DecodeState.admit`): the canvas was re-laid out
+        (old slot ``s`` is now ``s - shift``) and ``key_valid`` [rows, width] and ``prompt_length`` [rows]
+        are the live rows' new ones, the joined rows last. Every branch group is re-laid out the same way;
+        the joined rows' slots start with an empty cache (their prompts are fed by the next forward)."""
+        old, new = self.rows, key_valid.shape[0]
+        kv = key_valid.to(self.device).repeat(self.groups, 1)
+        pl = prompt_length.to(self.device).repeat(self.groups)
+        self.runner.key_valid, self.runner.prompt_length = kv, pl
+        if self.cache is not None:
+            rows = [g * new + r for g in range(self.groups) for r in range(old)]
+            self.cache = move_cache(self.cache, kv, pl, shift, rows)
+        self.rows = new
+
     def _head_view(self) -> DiffusionKVCache:
         c, r = self.cache, self.rows
         return DiffusionKVCache(keys=[k[:r] for k in c.keys], values=[v[:r] for v in c.values],
                                 key_valid=c.key_valid[:r], positions=c.positions[:r],
-                                prompt_length=c.prompt_length, length=c.length)
+                                prompt_length=c.prompt_length[:r] if torch.is_tensor(c.prompt_length)
+                                else c.prompt_length, length=c.length)
 
     def _forward(self, x: torch.Tensor, req: RoundRequest, cache, key_valid) -> torch.Tensor:
         r = self.runner
@@ -136,7 +152,13 @@ class SlotWorker:
         dedupe = req.dedupe and self.groups > 1
         if dedupe:
             cache = self._head_view() if self.cache is not None else None
-            logits = self._forward(x[:R], req, cache, self.runner.key_valid[:R])
+            pl = self.runner.prompt_length
+            if torch.is_tensor(pl):  # per-row prompt ends (rows joined): the anchor group's
+                self.runner.prompt_length = pl[:R]
+            try:
+                logits = self._forward(x[:R], req, cache, self.runner.key_valid[:R])
+            finally:
+                self.runner.prompt_length = pl
             if self.cache is not None:
                 lo = 0 if req.kind == "fill" else max(0, req.start - 1)
                 for buf in (*self.cache.keys, *self.cache.values):
@@ -184,6 +206,9 @@ class SlotWorker:
 def local_executor(model, *, groups: int, key_valid: torch.Tensor, settings: SlotSettings,
                    generator: torch.Generator | None, cfg) -> SlotWorker:
     return SlotWorker(model, groups=groups, key_valid=key_valid, settings=settings, generator=generator)
+
+
+local_executor.joins_rows = True  # its workers take joined rows (SlotWorker.admit); DecodeSession asks
 
 
 

@@ -155,7 +155,7 @@ def test_a_session_that_has_drained_takes_no_more_rows(bc_model):
         session.add_rows([_ids(6, 9)])
 
 
-@pytest.mark.parametrize("strategy,extra", [("lopa", {}), ("d3llm", {"cache": "prefix"}),
+@pytest.mark.parametrize("strategy,extra", [("d3llm", {"cache": "prefix"}),
                                             ("vanilla", {"cfg_scale": 1.0})])
 def test_strategies_without_joining_refuse_rows_once_running(model, strategy, extra):
     cfg = DiffusionGenerationConfig(strategy=strategy, max_new_tokens=8, block_length=B, **extra)
@@ -374,4 +374,69 @@ def test_which_block_family_settings_join():
 
     assert joins("sdar") and joins("edit") and joins("fast_dllm_v2", cache="none")
     assert not joins("fast_dllm_v2", cache="dual")  # the full-block refresh is chosen for the whole batch
-    assert not joins("lopa") and not joins("d3llm", cache="prefix")
+    assert joins("lopa") and joins("lopa", cache="dual") and not joins("d3llm", cache="prefix")
+
+
+@pytest.fixture(scope="module")
+def lopa_models(model, eos_bc_model):
+    """The bundled checkpoints tiny-d2f (block-causal: the D2F base rule) and tiny (bidirectional: threshold),
+    whose answers end at once with EOS, so without stopping there; and EOS-prone models with it."""
+    return {"tiny-d2f": load_model("tiny-d2f"), "tiny": load_model("tiny"), "eos_block_causal": eos_bc_model,
+            "bidirectional": model}
+
+
+@pytest.mark.parametrize("which,block,extra", [
+    ("tiny-d2f", 4, {"skip_threshold": 0.6, "block_add_threshold": 0.25, "decoded_token_threshold": 0.5}),
+    ("tiny-d2f", 8, {"skip_threshold": 0.9}),
+    ("eos_block_causal", 4, {"skip_threshold": 0.6, "block_add_threshold": 0.25, "decoded_token_threshold": 0.5,
+                             "stop_at_eos": True}),
+    ("tiny", 4, {"threshold": 0.5, "cache": "none"}),
+    ("tiny", 4, {"threshold": 0.5, "cache": "dual"}),
+    ("tiny", 8, {"threshold": 0.5, "cache": "prefix"}),
+    ("bidirectional", 4, {"threshold": 0.7, "cache": "dual", "stop_at_eos": True}),
+])
+def test_lopa_joins_rows_that_then_equal_their_single_runs(lopa_models, which, block, extra):
+    """Rows added after rounds 1 and 2 (and once the first two ended) commit the same tokens in the same
+    forwards as alone, with the same branch winners (D2F base rule: before every round; threshold: at
+    block starts)."""
+    m = lopa_models[which]
+    n = 16
+    kw = {"stop_at_eos": False, **extra}
+    cfg = m.diffusion_generation_config.replace(strategy="lopa", lopa_branches=2, max_new_tokens=n,
+                                                block_length=block, temperature=0.0, return_dict_in_generate=True,
+                                                **kw)
+    assert get_strategy("lopa").can_join(cfg)
+    ids = _vocab_ids if which.startswith("tiny") else _ids
+    initial = [ids(5, 1), ids(8, 2)]
+    early = {1: [ids(7, 3)], 2: [ids(12, 4), ids(3, 5)]}
+    out, prompts, live_at_add = _run_joining(m, cfg, initial, early, [ids(6, 6)])
+    # with EOS stops every row may be gone before the later rows could join
+    assert len(prompts) >= (3 if kw["stop_at_eos"] else 5) and all(live > 0 for live in live_at_add)
+    singles = _assert_rows_equal_single_runs(m, cfg, out, prompts, n)
+    assert out.stats["lopa_winners"] == [single.stats["lopa_winners"][0] for single in singles]
+    assert any(w for row in out.stats["lopa_winners"] for w in row)  # lookahead branches did win
+    if kw["stop_at_eos"]:
+        assert "stop" in out.finish_reason
+
+
+def test_lopa_with_a_branch_executor_takes_no_rows_once_running(lopa_models):
+    """The single-process executor takes joined rows; one that does not say so (a branch-parallel
+    executor's ranks keep the rows they started with) makes the batch a plain one."""
+    from dllm.decoding.lopa import local_executor
+
+    m = lopa_models["tiny-d2f"]
+    cfg = m.diffusion_generation_config.replace(strategy="lopa", lopa_branches=2, max_new_tokens=8,
+                                                stop_at_eos=False)
+    assert DecodeSession(m, cfg, joinable=True).joinable
+    assert DecodeSession(m, cfg, joinable=True, branch_executor=local_executor).joinable
+
+    def foreign(*args, **kw):
+        return local_executor(*args, **kw)
+
+    session = DecodeSession(m, cfg, joinable=True, branch_executor=foreign)
+    assert not session.joinable
+    session.add_rows([_vocab_ids(5, 1)])
+    session.step()
+    with pytest.raises(GenerationConfigError, match="branch executor"):
+        session.add_rows([_vocab_ids(3, 2)])
+    assert session.run().sequences.shape[0] == 1

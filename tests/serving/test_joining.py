@@ -37,9 +37,10 @@ async def _stream(client, prompt: str, events: dict, tag: str, **extra) -> str:
 @pytest.mark.parametrize("kind,body", [
     ("d2f", {"max_tokens": 96}),  # the server's default kind of model and strategy
     ("threshold", {"max_tokens": 96, "extra_body": {"threshold": 1.0, "cache": "dual"}}),
+    ("lopa", {"max_tokens": 96, "extra_body": {"strategy": "lopa", "lopa_branches": 2}}),  # D2F base rule
 ])
 def test_request_arriving_mid_call_joins_it_and_streams_before_the_first_ends(serve, tmp_path_factory, kind, body):
-    path = build_checkpoint(tmp_path_factory.mktemp(f"join-{kind}"), seed=5, block_causal=kind == "d2f",
+    path = build_checkpoint(tmp_path_factory.mktemp(f"join-{kind}"), seed=5, block_causal=kind != "threshold",
                             stop_at_eos=False, max_new_tokens=32)
     with serve(path, max_batch_size=4, batch_wait_ms=5, join=True) as (url, app):
         engine = app.state.dllm.engine
@@ -71,12 +72,12 @@ def test_request_arriving_mid_call_joins_it_and_streams_before_the_first_ends(se
         assert text_a and text_b
 
 
-def test_a_lopa_request_arriving_mid_call_streams_from_a_batch_of_its_own(serve, tmp_path_factory):
-    """LoPA takes no rows into a running batch; with --join a second request starts its own batch at once
-    and the two are stepped in turn, so it streams before the first ends, with its own answer."""
-    path = build_checkpoint(tmp_path_factory.mktemp("join-lopa"), seed=5, block_causal=True, stop_at_eos=False,
+def test_a_request_that_cannot_join_streams_from_a_batch_of_its_own(serve, tmp_path_factory):
+    """Cached d3LLM takes no rows into a running batch; with --join a second request starts its own batch at
+    once and the two are stepped in turn, so it streams before the first ends, with its own answer."""
+    path = build_checkpoint(tmp_path_factory.mktemp("join-d3llm"), seed=5, block_causal=True, stop_at_eos=False,
                             max_new_tokens=32)
-    body = {"max_tokens": 96, "extra_body": {"strategy": "lopa", "lopa_branches": 2}}
+    body = {"max_tokens": 96, "extra_body": {"strategy": "d3llm", "cache": "prefix", "entropy_threshold": 0.0}}  # ~1 token a forward
     with serve(path, max_batch_size=4, batch_wait_ms=5, join=True) as (url, app):
         engine = app.state.dllm.engine
 
