@@ -165,19 +165,25 @@ class DecodeState:
         self.pending_done, self.cancelled = self.stopping.check(gen, prefix_len, self.rows)
 
     def _stream(self, gen: torch.Tensor, prefix_len: torch.Tensor) -> None:
-        for r in range(self.live):
-            end = min(int(prefix_len[r]), self.limit)
-            if self.eos:
-                eos = self.eos.match(gen[r, :end]).nonzero()
-                if len(eos):
-                    end = int(eos[0])
-            start = int(self.streamed[r])
-            if end > start:
-                if self.streamer is not None:
-                    self.streamer.put(gen[r, start:end].cpu())
-                else:
-                    self.batch_streamer.put_row(int(self.rows[r]), gen[r, start:end].tolist())
-                self.streamed[r] = end
+        # Every row at once: each row's streamable end (its final prefix, up to the answer's length and its
+        # first EOS), then one host copy of the ends and starts, and a host loop only over rows with new tokens.
+        end = prefix_len.clamp(max=self.limit)
+        if self.eos:
+            is_eos = self.eos.match(gen)
+            end = torch.minimum(end, torch.where(is_eos.any(-1), is_eos.long().argmax(-1), gen.shape[1]))
+        end = end.to(self.streamed.dtype)
+        new = end > self.streamed
+        moved = new.nonzero().flatten().tolist()
+        if not moved:
+            return
+        ends, starts, rows = end.tolist(), self.streamed.tolist(), self.rows.tolist()
+        for r in moved:
+            start, stop = starts[r], ends[r]
+            if self.streamer is not None:
+                self.streamer.put(gen[r, start:stop].cpu())
+            else:
+                self.batch_streamer.put_row(rows[r], gen[r, start:stop].tolist())
+        self.streamed = torch.where(new, end, self.streamed)
 
     def pop_finished(self) -> torch.Tensor | None:
         """Retire rows that finished at the last commit, and stuck rows (see :meth:`stuck`).
