@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -102,12 +103,24 @@ def _results(shard) -> dict:
     return res
 
 
-def _worker(rank: int, init: str, out_dir: str) -> None:
+@contextmanager
+def _gloo_rank(rank: int, init: str, world: int, out_dir: str):
+    """One spawned rank: a gloo process group around the body; a failure's traceback goes to rank{r}.err."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
+        yield
+    except BaseException:
+        Path(out_dir, f"rank{rank}.err").write_text(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def _worker(rank: int, init: str, out_dir: str) -> None:
+    with _gloo_rank(rank, init, WORLD, out_dir):
         res = _results(shard=True)
         from dllm.parallel.tensor import shard_model
 
@@ -119,11 +132,6 @@ def _worker(rank: int, init: str, out_dir: str) -> None:
             res["error"] = str(err)
             res["error-untouched"] = getattr(bad, "tensor_parallel", None) is None
         torch.save(res, Path(out_dir, f"rank{rank}.pt"))
-    except BaseException:
-        Path(out_dir, f"rank{rank}.err").write_text(traceback.format_exc())
-        raise
-    finally:
-        dist.destroy_process_group()
 
 
 def _spawn(tmp: Path, world: int, target, reference, *args) -> tuple[object, list[dict]]:
@@ -286,9 +294,7 @@ def _mesh_worker(rank: int, init: str, out_dir: str) -> None:
     from dllm.parallel.mesh import init_mesh
     from dllm.parallel.tensor import shard_model
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=BRANCH * TENSOR)
-    try:
+    with _gloo_rank(rank, init, BRANCH * TENSOR, out_dir):
         mesh = init_mesh(BRANCH, TENSOR)
         res = {"branch_group": dist.get_process_group_ranks(mesh.branch_group),
                "tensor_group": dist.get_process_group_ranks(mesh.tensor_group),
@@ -305,11 +311,6 @@ def _mesh_worker(rank: int, init: str, out_dir: str) -> None:
             res[name + "-model-forwards"] = len(forwards)
             res[name + "-kv-heads"] = model.spec.num_kv_heads
         torch.save(res, Path(out_dir, f"rank{rank}.pt"))
-    except BaseException:
-        Path(out_dir, f"rank{rank}.err").write_text(traceback.format_exc())
-        raise
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
