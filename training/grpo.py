@@ -342,8 +342,8 @@ class GRPOTrainer(Trainer):
         stats = {"loss": 0.0, "pg_loss": 0.0, "nll_loss": 0.0, "kl_sum": 0.0, "clipped": 0.0, "tokens": 0.0,
                  "ratio_sum": 0.0, "neg_logp_sum": 0.0}
         cols = torch.arange(batch.gen_ids.shape[1], device=device)
-        if not chunks and backward is not None:  # keep every process's collective calls aligned
-            backward(self.zero_loss(model, device), True)
+        if backward is not None:  # keep every process's collective calls aligned
+            self.pad_backwards(model, device, len(chunks), backward, accelerator)
         for i, chunk in enumerate(chunks):
             # DDP decides at the forward whether the backward all-reduces: only the last chunk's may (processes
             # holding different numbers of chunks still meet in one all-reduce)
@@ -367,6 +367,18 @@ class GRPOTrainer(Trainer):
             for k, v in sums.items():
                 stats[k] += float(v)
         return stats
+
+    def pad_backwards(self, model, device, n_local: int, backward, accelerator) -> None:
+        """Zero-loss backward passes before a process's ``n_local`` real ones, so that every process runs the
+        same number per minibatch: DDP all-reduces in one backward only (the last), so one pass pads a process
+        with nothing to train on; DeepSpeed's ZeRO-2 reduces gradients inside every backward, so each process
+        runs as many passes as the busiest one (a 2-process run with different counts waited on the missing
+        reduction until killed)."""
+        total = max(1, n_local)
+        if self.is_deepspeed and accelerator is not None and accelerator.num_processes > 1:
+            total = int(accelerator.gather(torch.tensor([total], device=accelerator.device)).max())
+        for j in range(total - n_local):
+            backward(self.zero_loss(model, device), n_local == 0 and j == total - 1)
 
     def zero_loss(self, model, device) -> torch.Tensor:
         """A zero loss from a real (two-slot) forward: a process with nothing to train on still takes part
@@ -496,13 +508,6 @@ class GRPOTrainer(Trainer):
             if int(stage) >= 3:
                 raise ConfigError("GRPO generates rollouts in-process from the training weights; ZeRO-3 partitions "
                                   "them. Use ZeRO-1/2 (recipes/accelerate/zero2-8gpu.yaml)")
-            if self.cfg.shard_global_batch and accelerator.num_processes > 1:
-                # each process trains on its own share of the kept rollouts, so the processes may run different
-                # numbers of backward passes; DeepSpeed reduces gradients inside every one of them, and a
-                # 2-process ZeRO-2 run waited on the missing reduction until killed (2026-12-06)
-                raise ConfigError("shard_global_batch=true with GRPO runs under DDP (accelerate launch / torchrun "
-                                  "without a DeepSpeed config), not DeepSpeed: the processes' numbers of backward "
-                                  "passes differ and DeepSpeed reduces inside each one")
 
     def scheduler_steps(self) -> int:
         lo = self.cfg.loss
@@ -697,7 +702,7 @@ class GRPOTrainer(Trainer):
                     continue  # no optimizer step on zero gradients (Adam's momentum would still move the weights)
                 totals = self.minibatch_totals(batch, None if empty else rows, accelerator) if sharded else None
                 if empty:
-                    backward(self.zero_loss(model, device), True)
+                    self.pad_backwards(model, device, 0, backward, accelerator)
                     stats = {}
                 else:
                     stats = self.minibatch_loss(model, batch, epochs_views[epoch], rows, old[epoch], ref[epoch],

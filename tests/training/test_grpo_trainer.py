@@ -352,54 +352,95 @@ def test_two_process_ddp_with_uneven_batches(ckpt, tmp_path):
     assert "x 2 processes" in res.stderr
 
 
+_EQUAL_GLOBAL_BATCH = ["num_threads=1", "filter.require_correct=false", "filter.tpf_range=0.45",
+                       "rollout.max_refill_rounds=0", "rollout.threshold=0.3", "rollout.batch_size=4",
+                       "loss.minibatches=2", "batch_size=8", "max_steps=3", "eval_every=0", "save_every=0",
+                       "mixed_precision=no", "shard_global_batch=true", "optim.lr=1e-3"]
+# what one process and two sharing its global batch log alike
+_SHARED_METRICS = ("rollouts", "groups_sampled", "groups_kept", "accuracy", "tpf", "gen_tokens", "forwards",
+                   "tpf_kept", "updates", "loss", "pg_loss", "nll_loss", "kl", "clip_frac", "nll", "ratio",
+                   "grad_norm", "adv_abs")
+
+
+def _grpo_run(launch: list[str], ckpt, run_dir, prompts: int, cpu_flag: bool = False):
+    """``dllm.training.cli grpo`` on the equal-global-batch settings under ``launch`` (none: one process);
+    ``cpu_flag``: set ACCELERATE_USE_CPU (torchrun's ranks read it; accelerate's DeepSpeed launch must not)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for var in ("WORLD_SIZE", "LOCAL_RANK", "RANK", "MASTER_ADDR", "MASTER_PORT", "ACCELERATE_USE_CPU"):
+        env.pop(var, None)
+    if cpu_flag:
+        env["ACCELERATE_USE_CPU"] = "1"
+    cmd = [sys.executable, *launch, "-m", "dllm.training.cli", "grpo", "--config", str(SMOKE), f"model.path={ckpt}",
+           *_EQUAL_GLOBAL_BATCH, f"run_dir={run_dir}", f"rollout.prompts_per_step={prompts}"]
+    res = subprocess.run(cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res
+
+
+@pytest.fixture(scope="module")
+def one_process_run(ckpt, tmp_path_factory):
+    """One process with 4 prompts per step: the run that 2 processes with 2 prompts each must reproduce."""
+    run = tmp_path_factory.mktemp("grpo-one") / "run"
+    _grpo_run([], ckpt, run, 4)
+    return run
+
+
+def _port() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def _assert_same_metrics(one: Path, two: Path) -> None:
+    import numpy as np
+
+    a, b = list(csv.DictReader(_lines(one / "metrics.csv"))), list(csv.DictReader(_lines(two / "metrics.csv")))
+    assert [r["step"] for r in a] == [r["step"] for r in b] == ["1", "2", "3"]
+    assert all(r["updates"] == "2" for r in a) and len({r["groups_kept"] for r in a}) > 1  # the filter did filter
+    for key in _SHARED_METRICS:
+        want, got = np.array([float(r[key]) for r in a]), np.array([float(r[key]) for r in b])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=key)
+    assert len({r["loss"] for r in a}) == 3  # the steps differ: the comparison is not of one constant
+
+
 @pytest.mark.slow
-def test_two_processes_equal_one_process_at_the_same_global_batch(ckpt, tmp_path):
+def test_two_processes_equal_one_process_at_the_same_global_batch(ckpt, one_process_run, tmp_path):
     """``shard_global_batch=true``: 2 processes with 2 prompts each log the rollout metrics and losses, and export
     the weights, of one process with 4 prompts (fp32, within float rounding). The TPF filter keeps different
     numbers of groups on the two processes, 2 minibatches per step split the global batch unevenly, and
     micro-batches of 8 views give the processes different numbers of backward passes."""
-    import os
-    import socket
-    import subprocess
-    import sys
-
     import numpy as np
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    common = ["--config", str(SMOKE), f"model.path={ckpt}", "num_threads=1", "filter.require_correct=false",
-              "filter.tpf_range=0.45", "rollout.max_refill_rounds=0", "rollout.threshold=0.3", "rollout.batch_size=4",
-              "loss.minibatches=2", "batch_size=8", "max_steps=3", "eval_every=0", "save_every=0",
-              "mixed_precision=no", "shard_global_batch=true", "optim.lr=1e-3"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for var in ("WORLD_SIZE", "LOCAL_RANK", "RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(var, None)
-    one = subprocess.run([sys.executable, "-m", "dllm.training.cli", "grpo", *common, f"run_dir={tmp_path / 'one'}",
-                          "rollout.prompts_per_step=4"], check=False, cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=240)
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                          str(port), "-m", "dllm.training.cli", "grpo", *common, f"run_dir={tmp_path / 'two'}",
-                          "rollout.prompts_per_step=2"], check=False, cwd=REPO, env={**env, "ACCELERATE_USE_CPU": "1"},
-                         capture_output=True, text=True, timeout=240)
-    assert two.returncode == 0, two.stderr[-3000:]
+    two = _grpo_run(["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", _port()], ckpt,
+                    tmp_path / "two", 2, cpu_flag=True)
     assert "x 2 processes" in two.stderr
-    a = list(csv.DictReader(_lines(tmp_path / "one" / "metrics.csv")))
-    b = list(csv.DictReader(_lines(tmp_path / "two" / "metrics.csv")))
-    assert [r["step"] for r in a] == [r["step"] for r in b] == ["1", "2", "3"]
-    assert all(r["updates"] == "2" for r in a) and len({r["groups_kept"] for r in a}) > 1  # the filter did filter
-    for key in ("rollouts", "groups_sampled", "groups_kept", "accuracy", "tpf", "gen_tokens", "forwards", "tpf_kept",
-                "updates", "loss", "pg_loss", "nll_loss", "kl", "clip_frac", "nll", "ratio", "grad_norm", "adv_abs"):
-        want, got = np.array([float(r[key]) for r in a]), np.array([float(r[key]) for r in b])
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=key)
-    assert len({r["loss"] for r in a}) == 3  # the steps differ: the comparison is not of one constant
-    wa, wb = _weights(tmp_path / "one" / "final"), _weights(tmp_path / "two" / "final")
+    _assert_same_metrics(one_process_run, tmp_path / "two")
+    wa, wb = _weights(one_process_run / "final"), _weights(tmp_path / "two" / "final")
     assert wa.keys() == wb.keys()
     for name in wa:
         np.testing.assert_allclose(wb[name].numpy(), wa[name].numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
     start = load_file(str(ckpt / "model.safetensors"))
     assert any(not torch.equal(start[k], wa[k]) for k in start if k in wa)  # the updates moved the weights
+
+
+@pytest.mark.slow
+def test_two_zero2_processes_equal_one_process_at_the_same_global_batch(ckpt, one_process_run, tmp_path):
+    """The shipped ZeRO-2 config on 2 CPU processes (DeepSpeed's CPU accelerator, gloo) with 2 prompts each: the
+    rollout metrics, losses and gradient norms of one plain process with 4 prompts. ZeRO-2 reduces gradients
+    inside every backward pass and the processes keep different numbers of groups, so the one with fewer
+    micro-batches pads with zero-loss passes (``GRPOTrainer.pad_backwards``); without them the run hangs."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is optional: pip install --no-build-isolation deepspeed")
+    launch = ["-m", "accelerate.commands.launch", "--config_file", str(REPO / "recipes" / "accelerate" /
+              "zero2-8gpu.yaml"), "--num_processes", "2", "--main_process_port", _port()]
+    two = _grpo_run(launch, ckpt, tmp_path / "two", 2)
+    assert "rank 1 of 2 (DEEPSPEED" in two.stderr
+    _assert_same_metrics(one_process_run, tmp_path / "two")
 
 
 def test_more_minibatches_than_rollouts_takes_no_empty_steps(ckpt, tmp_path):

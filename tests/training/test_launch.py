@@ -188,10 +188,15 @@ def test_sft_and_grpo_shard_a_global_batch():
         load_grpo_config(None, [*grpo, "loss.estimator=d1"])
     with pytest.raises(ConfigError, match="set rollout.batch_size to a divisor of 12"):
         load_grpo_config(None, [*grpo, "rollout.prompts_per_step=3", "rollout.group_size=4", "rollout.batch_size=8"])
-    # under DeepSpeed the processes' different numbers of backward passes would wait on each other's reductions
+    # ZeRO-2 shares a global batch too (the processes pad to equal numbers of backward passes); ZeRO-3 would
+    # partition the weights the rollouts are generated from
     trainer = GRPOTrainer(load_grpo_config(None, grpo))
     trainer.is_deepspeed = True
-    zero2 = SimpleNamespace(num_processes=2, state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(
-        deepspeed_config={"zero_optimization": {"stage": 2}})))
-    with pytest.raises(ConfigError, match="runs under DDP"):
-        trainer.check_accelerator(zero2)
+
+    def zero(stage):
+        return SimpleNamespace(num_processes=2, state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(
+            deepspeed_config={"zero_optimization": {"stage": stage}})))
+
+    trainer.check_accelerator(zero(2))
+    with pytest.raises(ConfigError, match="ZeRO-3 partitions"):
+        trainer.check_accelerator(zero(3))
