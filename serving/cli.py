@@ -72,7 +72,9 @@ def serve(
     max_prompt_tokens: int = typer.Option(4096, "--max-prompt-tokens", help="Longer prompts get 413."),
     max_body_bytes: int = typer.Option(1 << 20, "--max-body-bytes", help="Larger request bodies get 413."),
     branch_parallel: int = typer.Option(1, "--branch-parallel",
-                                        help="Ranks evaluating LoPA branches: this process + N-1 spawned workers."),
+                                        help="Ranks evaluating LoPA branches: this process + N-1 spawned workers "
+                                             "(with --tensor-parallel T: N replicas of T shards, N*T torchrun "
+                                             "ranks)."),
     tensor_parallel: int = typer.Option(1, "--tensor-parallel",
                                         help="Shard every layer over N processes; run under torchrun "
                                              "--nproc-per-node N: rank 0 serves and decodes in its server process, "
@@ -190,23 +192,30 @@ def _fail_on_rank0(message: str, code: int = 2) -> None:
 
 def _serve_tensor_parallel(settings, n: int, *, replicas: int, log_level: str) -> None:
     """``--tensor-parallel N`` under torchrun: every rank loads and shards the model; rank 0 serves with
-    :class:`~dllm.serving.tensor_parallel.LockstepBatches`, the others :func:`~dllm.serving.tensor_parallel.follow`."""
+    :class:`~dllm.serving.tensor_parallel.LockstepBatches`, the others :func:`~dllm.serving.tensor_parallel.follow`.
+    With ``--branch-parallel B`` the ``B*N`` ranks form a branch x tensor mesh (:mod:`dllm.parallel.mesh`):
+    replica 0's ranks do the above over their tensor group, each driving its branch group's LoPA rounds;
+    the other replicas' ranks serve those rounds."""
     import dataclasses
     import os
 
     if n < 1:
         _fail_on_rank0("--tensor-parallel must be >= 1")
-    if replicas != 1 or settings.branch_parallel > 1:
-        _fail_on_rank0("--tensor-parallel does not combine with --replicas or --branch-parallel")
+    if replicas != 1:
+        _fail_on_rank0("--tensor-parallel does not combine with --replicas")
+    branches = settings.branch_parallel
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world != n:
-        _fail_on_rank0(f"--tensor-parallel {n} runs under torchrun --nproc-per-node {n} "
+    if world != n * branches:
+        flags_used = f"--tensor-parallel {n}" + (f" --branch-parallel {branches}" if branches > 1 else "")
+        _fail_on_rank0(f"{flags_used} runs under torchrun --nproc-per-node {n * branches} "
                        f"(this run has WORLD_SIZE={world})")
     import torch
     import torch.distributed as dist
 
+    from dllm.decoding.lopa.branch_parallel import BranchParallelExecutor, serve_branches
     from dllm.errors import CheckpointError
     from dllm.loading import load_model, resolve_model_path
+    from dllm.parallel.mesh import init_mesh
     from dllm.parallel.tensor import broadcast_int, init_from_env, shard_model
     from dllm.text import load_tokenizer_for
 
@@ -216,7 +225,7 @@ def _serve_tensor_parallel(settings, n: int, *, replicas: int, log_level: str) -
 
     rank, _, device = init_from_env(settings.device)
     settings = dataclasses.replace(settings, device=device)  # cuda: cuda:LOCAL_RANK on each rank
-    lockstep = None
+    lockstep = executor = None
     try:
         if rank == 0:
             _exit_on_signals()  # SIGTERM/SIGINT during start-up: the cleanup below still runs
@@ -227,9 +236,11 @@ def _serve_tensor_parallel(settings, n: int, *, replicas: int, log_level: str) -
                            "running? choose another --port)")
         if settings.num_threads is not None:
             torch.set_num_threads(settings.num_threads)
+        mesh = init_mesh(branches, n, device)
         try:
             path = resolve_model_path(settings.model)
-            model = shard_model(load_model(path, dtype=settings.dtype, device=settings.device))
+            model = shard_model(load_model(path, dtype=settings.dtype, device=settings.device),
+                                group=mesh.tensor_group)
             # requests without a seed sample from the global generator, which every rank must share
             torch.manual_seed(broadcast_int(int.from_bytes(os.urandom(4), "little")))
             if rank != 0:
@@ -241,17 +252,28 @@ def _serve_tensor_parallel(settings, n: int, *, replicas: int, log_level: str) -
             return
         if rank != 0:
             _ignore_signals()  # rank 0 decides when to stop (after draining) and says so
+        if mesh.branch_rank > 0:
+            serve_branches(model, group=mesh.branch_group)  # until this rank's driver in replica 0 closes
+            return
+        if branches > 1:
+            executor = BranchParallelExecutor.from_process_group(model, group=mesh.branch_group)
+        if rank != 0:
             try:
-                follow(model, tokenizer)
+                follow(model, tokenizer, group=mesh.tensor_group, branch_executor=executor)
             except RuntimeError as err:  # rank 0 went away, or this rank could not repeat its step
                 fail(f"rank {rank}: {err}", 1)
             return
-        lockstep = LockstepBatches(bundle.model, bundle.tokenizer, join_max_spread_blocks=settings.join_max_spread)
-        app = create_app(settings, model=bundle.model, tokenizer=bundle.tokenizer, session_factory=lockstep)
-        _run_server(settings, app, log_level, f"in-process engine, tensor parallel over {n} ranks")
+        lockstep = LockstepBatches(bundle.model, bundle.tokenizer, join_max_spread_blocks=settings.join_max_spread,
+                                   group=mesh.tensor_group, branch_executor=executor)
+        app = create_app(settings, model=bundle.model, tokenizer=bundle.tokenizer, session_factory=lockstep,
+                         branch_executor=executor.branch_factory if executor else None)  # one LoPA batch at a time
+        layout = f"tensor parallel over {n} ranks" + (f" x {branches} branch replicas" if branches > 1 else "")
+        _run_server(settings, app, log_level, f"in-process engine, {layout}")
     finally:
         if lockstep is not None:
             lockstep.close()  # the other ranks leave their loop
+        if executor is not None:
+            executor.close()  # this rank's branch group leaves serve_branches
         if dist.is_initialized():
             dist.destroy_process_group()
 

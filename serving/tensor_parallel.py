@@ -7,7 +7,7 @@ The engine drives decoding only through the batches its ``session_factory`` make
 factory is :class:`LockstepBatches`, whose batches tell the other ranks (the *followers*, running
 :func:`follow`) every operation on a batch, in order:
 
-* ``("new", id, config, joinable, join_max_spread_blocks)``, ``("add", id, prompts, mask, row options)``
+* ``("new", id, config, joinable, join_max_spread_blocks, branches)``, ``("add", id, prompts, mask, row options)``
   and ``("cancel", id, row)`` wait in a queue: they run no forward, so they travel with the next message;
 * ``("step", id)`` goes at once, with whatever waited, and then every rank runs the batch's step: one
   forward (whose ``all_reduce`` calls join the ranks) and its commits;
@@ -27,6 +27,11 @@ exception there is raised after the step, once every rank has finished it. Sampl
 
 Every collective of rank 0 (messages, the criterion's answers, the forwards' ``all_reduce``) runs under
 one lock, so the engine's worker thread, the heartbeat and the shutdown never interleave theirs.
+With ``--branch-parallel B`` too (``torchrun --nproc-per-node B*N``), the ranks form a branch x tensor mesh
+(:mod:`dllm.parallel.mesh`): the messages go over replica 0's tensor group only; each of its ranks drives LoPA
+rounds over its own branch group (``BranchParallelExecutor.from_process_group``), whose members in replicas
+1..B-1 run ``serve_branches`` until their driver closes it, as ``dllm generate`` does on a mesh.
+
 A rank whose operation fails where rank 0's did not (say, out of memory on one GPU) can no longer follow
 and exits with an error; torchrun then stops the other ranks.
 """
@@ -52,38 +57,43 @@ PING_S = 60.0  # an idle rank 0 sends a ping this often (the process group's tim
 
 
 class _Channel:
-    """Broadcasts from rank 0 over the default process group."""
+    """Broadcasts from the first rank of ``group`` (default: the world); ``rank`` is the rank within it."""
 
-    def __init__(self) -> None:
+    def __init__(self, group=None) -> None:
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("tensor-parallel serving needs an initialised torch.distributed process group")
-        self.rank = dist.get_rank()
-        nccl = dist.get_backend() == "nccl"
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.root = 0 if group is None else dist.get_global_rank(group, 0)  # collectives name global ranks
+        nccl = dist.get_backend(group) == "nccl"
         self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
 
     def send(self, obj) -> None:
-        dist.broadcast_object_list([obj], src=0, device=self.device)
+        dist.broadcast_object_list([obj], src=self.root, group=self.group, device=self.device)
 
     def recv(self):
         box = [None]
-        dist.broadcast_object_list(box, src=0, device=self.device)
+        dist.broadcast_object_list(box, src=self.root, group=self.group, device=self.device)
         return box[0]
 
 
 class LockstepBatches:
     """Rank 0's ``session_factory`` for :class:`~dllm.serving.engine.Engine`: each batch it makes is
-    mirrored on every other rank (see the module docstring). ``close()`` tells the followers to stop."""
+    mirrored on every other rank of ``group`` (default: the world; see the module docstring). ``close()``
+    tells the followers to stop. ``branch_executor``: this rank's LoPA branch executor on a branch x tensor
+    mesh (a ``BranchParallelExecutor`` over its branch group), which LoPA batches run their rounds on."""
 
     def __init__(self, model, tokenizer, *, join_max_spread_blocks: float | None = None,
-                 ping_s: float | None = None) -> None:
+                 ping_s: float | None = None, group=None, branch_executor=None) -> None:
         import copy
 
         self.model = model
         self.tokenizer = copy.deepcopy(tokenizer)  # the engine's worker thread is its only user
         self.join_max_spread_blocks = join_max_spread_blocks
-        self.channel = _Channel()
+        self.branch_executor = branch_executor
+        self.channel = _Channel(group)
         if self.channel.rank != 0:
-            raise RuntimeError("LockstepBatches runs on rank 0; the other ranks call follow()")
+            raise RuntimeError("LockstepBatches runs on rank 0 of its group; the other ranks call follow()")
         self.lock = threading.RLock()  # held around every collective of this rank
         self._queued: collections.deque = collections.deque()  # operations waiting for the next message
         self._ids = itertools.count()
@@ -95,14 +105,16 @@ class LockstepBatches:
 
     # -- what the engine calls ---------------------------------------------------------------
     def __call__(self, cfg, *, streamer, criteria, joinable: bool, branches: bool) -> _LeaderBatch:
-        # ``branches``: a LoPA batch; its branches run here, on this rank's shard (no branch executor)
+        # ``branches``: a LoPA batch; its branches run on this rank's shard, or on the branch executor's
+        # group when a mesh gives one (every follower then drives its own branch group alike)
         errors: list[BaseException] = []
         batch = _LeaderBatch(self, next(self._ids), errors)
         decoder = DecodeSession(self.model, cfg, tokenizer=self.tokenizer, streamer=_GuardedStreamer(streamer, errors),
                                 criteria=[_BroadcastCriterion(self, list(criteria), errors)], joinable=joinable,
-                                join_max_spread_blocks=self.join_max_spread_blocks)
+                                join_max_spread_blocks=self.join_max_spread_blocks,
+                                branch_executor=_branch_factory(self.branch_executor, branches))
         batch.decoder = decoder
-        self.queue(("new", batch.id, cfg, joinable, self.join_max_spread_blocks))
+        self.queue(("new", batch.id, cfg, joinable, self.join_max_spread_blocks, branches))
         weakref.finalize(batch, self._queued.append, ("drop", batch.id))
         return batch
 
@@ -229,6 +241,11 @@ class _BroadcastCriterion:
         return answer
 
 
+def _branch_factory(executor, branches: bool):
+    """What a batch's ``DecodeSession`` takes as ``branch_executor``: the executor's factory for LoPA batches."""
+    return executor.branch_factory if executor is not None and branches else None
+
+
 class _ReceivedCriterion:
     def __init__(self, channel: _Channel) -> None:
         self.channel = channel
@@ -237,15 +254,16 @@ class _ReceivedCriterion:
         return self.channel.recv()
 
 
-def follow(model, tokenizer) -> None:
-    """Ranks > 0: repeat rank 0's batches on this rank's shard until rank 0 sends ``stop``.
+def follow(model, tokenizer, *, group=None, branch_executor=None) -> None:
+    """Ranks > 0 of ``group`` (default: the world): repeat its rank 0's batches on this rank's shard until
+    rank 0 sends ``stop``. ``branch_executor``: as for :class:`LockstepBatches`, this rank's own.
 
     Raises RuntimeError when an operation fails here that did not fail on rank 0 (this rank can no
     longer follow), or the error of a collective when rank 0 went away.
     """
-    channel = _Channel()
+    channel = _Channel(group)
     if channel.rank == 0:
-        raise RuntimeError("follow() runs on ranks > 0; rank 0 serves (LockstepBatches)")
+        raise RuntimeError("follow() runs on ranks > 0 of its group; rank 0 serves (LockstepBatches)")
     batches: dict[int, DecodeSession] = {}
     streamer = BatchStreamer()  # the output goes to rank 0's clients only
     criterion = _ReceivedCriterion(channel)
@@ -267,10 +285,11 @@ def follow(model, tokenizer) -> None:
                 continue
             try:
                 if kind == "new":
-                    _, batch_id, cfg, joinable, spread = op
+                    _, batch_id, cfg, joinable, spread, branches = op
                     batches[batch_id] = DecodeSession(model, cfg, tokenizer=tokenizer, streamer=streamer,
                                                       criteria=[criterion], joinable=joinable,
-                                                      join_max_spread_blocks=spread)
+                                                      join_max_spread_blocks=spread,
+                                                      branch_executor=_branch_factory(branch_executor, branches))
                 elif kind == "add":
                     _, batch_id, ids, mask, options = op
                     batches[batch_id].add_rows(ids, mask, **options)

@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import sys
@@ -65,6 +66,10 @@ import torch.distributed as dist
 from dllm.decoding.config import DiffusionGenerationConfig, GenerationConfigError
 
 from .slots import RoundRequest, RoundResult, SlotSettings, SlotWorker
+
+log = logging.getLogger("dllm.decoding")
+
+HEARTBEAT_S = 60.0  # an idle executor pings its ranks this often (process groups time out after 30 minutes)
 
 
 def rank_groups(num_groups: int, world_size: int) -> list[list[int]]:
@@ -148,14 +153,17 @@ def _run_local(worker: SlotWorker | None, comm: _Comm, header: dict, x: torch.Te
 class _DistributedRounds:
     """Rank 0's executor for one ``generate`` call (the interface of :class:`SlotWorker`)."""
 
-    def __init__(self, comm: _Comm, model, *, groups: int, key_valid: torch.Tensor, settings: SlotSettings) -> None:
+    def __init__(self, comm: _Comm, model, *, groups: int, key_valid: torch.Tensor, settings: SlotSettings,
+                 lock=None) -> None:
         self.comm = comm
+        self.lock = lock or threading.RLock()  # the executor's: its heartbeat never splits an exchange
         self.groups = groups
         self.rows = key_valid.shape[0]
         self.shares = rank_groups(groups, comm.world)
         self.layers = model.spec.num_layers
         self.ranked = settings.confidence != "prob"
-        comm.bcast_obj({"cmd": "begin", "groups": groups, "key_valid": key_valid.cpu(), "settings": settings})
+        with self.lock:
+            comm.bcast_obj({"cmd": "begin", "groups": groups, "key_valid": key_valid.cpu(), "settings": settings})
         self.worker = SlotWorker(model, groups=len(self.shares[0]), key_valid=key_valid, settings=settings)
 
     @property
@@ -173,10 +181,11 @@ class _DistributedRounds:
         meta = dataclasses.replace(req, x=None)
         header = {"cmd": "run", "req": meta, "shape": tuple(req.x.shape), "shares": self.shares,
                   "digest_width": dig, "max_share": max_share, "ranked": self.ranked}
-        self.comm.bcast_obj(header)
-        x = self.comm.bcast_tensor(req.x.long())
-        mine = _run_local(self.worker, self.comm, header, x, R)
-        parts = self.comm.gather(mine)
+        with self.lock:
+            self.comm.bcast_obj(header)
+            x = self.comm.bcast_tensor(req.x.long())
+            mine = _run_local(self.worker, self.comm, header, x, R)
+            parts = self.comm.gather(mine)
         rows = [p.cpu()[: len(share) * R] for p, share in zip(parts, self.shares)]
         packed = torch.cat(rows)
         return RoundResult(x0=packed[:, :W].long(), conf=packed[:, W: 2 * W].contiguous(),
@@ -186,12 +195,14 @@ class _DistributedRounds:
 
     def select_rows(self, keep: torch.Tensor) -> None:
         keep = torch.as_tensor(keep, dtype=torch.long).cpu()
-        self.comm.bcast_obj({"cmd": "select", "keep": keep})
+        with self.lock:
+            self.comm.bcast_obj({"cmd": "select", "keep": keep})
         self.worker.select_rows(keep)
         self.rows = int(keep.numel())
 
     def close(self) -> None:
-        self.comm.bcast_obj({"cmd": "end"})
+        with self.lock:
+            self.comm.bcast_obj({"cmd": "end"})
 
 
 def serve_branches(model, group=None) -> None:
@@ -211,6 +222,8 @@ def serve_branches(model, group=None) -> None:
             cmd = msg["cmd"]
             if cmd == "stop":
                 return
+            if cmd == "ping":  # an idle driver keeps the group inside its collective timeout
+                continue
             if cmd == "begin":
                 share = rank_groups(msg["groups"], comm.world)[comm.rank]
                 rows = msg["key_valid"].shape[0]
@@ -268,17 +281,22 @@ class BranchParallelExecutor:
 
     ``executor.generate`` takes and returns what ``model.generate`` does. Calls are serialised:
     one generation at a time drives the workers. Use it as a context manager or call ``close()``.
+
+    The other ranks wait for the next round inside a collective, which ends with an error after the process
+    group's timeout (``timeout_s``; 30 minutes by default for torchrun's groups too). So that an idle server
+    keeps its ranks, a heartbeat thread sends them a ``ping`` every ``heartbeat_s`` seconds while no round is
+    being exchanged.
     """
 
     def __init__(self, model_path: str | os.PathLike | None = None, *, world_size: int, dtype=None, device=None,
                  model=None, backend: str | None = None, timeout_s: float = 1800.0, num_threads: int | None = None,
-                 **load_kwargs) -> None:
+                 heartbeat_s: float = HEARTBEAT_S, **load_kwargs) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if model_path is None and model is None:
             raise ValueError("pass model_path (and optionally an already loaded rank-0 model)")
         self.world_size = world_size
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # one driver of the ranks at a time: a generation, a round, a ping
         self._procs: list = []
         self._tmp: str | None = None
         self._owns_group = False
@@ -321,6 +339,7 @@ class BranchParallelExecutor:
                 model = load_model(model_path, device=dev0, **load_kwargs)
             self.model = model
             self._comm = _Comm() if world_size > 1 else None
+            self._start_heartbeat(heartbeat_s)
         except BaseException:
             self._comm = None
             self._closed = True
@@ -332,12 +351,12 @@ class BranchParallelExecutor:
             raise
 
     @classmethod
-    def from_process_group(cls, model, group=None) -> BranchParallelExecutor:
+    def from_process_group(cls, model, group=None, *, heartbeat_s: float = HEARTBEAT_S) -> BranchParallelExecutor:
         """Rank 0 of an existing process group (torchrun; ``group`` defaults to the world); the other ranks
         of the group run ``serve_branches(model, group)``. On a branch x tensor mesh, every tensor rank of
         replica 0 calls it with its own branch group (``dllm.parallel.mesh``)."""
         self = cls.__new__(cls)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # one driver of the ranks at a time: a generation, a round, a ping
         self._procs, self._tmp, self._owns_group, self._closed = [], None, False, False
         self._comm = _Comm(group)
         if self._comm.rank != 0:
@@ -345,6 +364,7 @@ class BranchParallelExecutor:
                                "serve_branches(model, group)")
         self.world_size = self._comm.world
         self.model = model
+        self._start_heartbeat(heartbeat_s)
         return self
 
     # -- the model-like surface ---------------------------------------------------------------
@@ -360,7 +380,8 @@ class BranchParallelExecutor:
 
     def _factory(self, model, *, groups, key_valid, settings, generator, cfg):
         _check_settings(settings)
-        return _DistributedRounds(self._comm, model, groups=groups, key_valid=key_valid, settings=settings)
+        return _DistributedRounds(self._comm, model, groups=groups, key_valid=key_valid, settings=settings,
+                                  lock=self._lock)
 
     def generate(self, input_ids, attention_mask=None, generation_config=None, streamer=None, tokenizer=None,
                  **overrides):
@@ -370,6 +391,31 @@ class BranchParallelExecutor:
             return self.model.generate(input_ids, attention_mask=attention_mask, generation_config=generation_config,
                                        streamer=streamer, tokenizer=tokenizer,
                                        branch_executor=None if self._comm is None else self._factory, **overrides)
+
+    def ping(self) -> None:
+        """Tell the other ranks that this one is alive (they ignore it, between rounds or batches)."""
+        with self._lock:
+            if self._comm is not None and not self._closed:
+                self._comm.bcast_obj({"cmd": "ping"})
+
+    def _start_heartbeat(self, every_s: float) -> None:
+        self._beat_stop = threading.Event()
+        if self._comm is not None:
+            threading.Thread(target=self._beat, args=(every_s,), name="dllm-branch-heartbeat", daemon=True).start()
+
+    def _beat(self, every_s: float) -> None:
+        while not self._beat_stop.wait(every_s):
+            if not self._lock.acquire(blocking=False):
+                continue  # a generation or a round is talking to the ranks: traffic enough
+            try:
+                if self._closed:
+                    return
+                self._comm.bcast_obj({"cmd": "ping"})
+            except Exception:  # noqa: BLE001 - a rank went away; the next round reports it
+                log.exception("branch-parallel heartbeat failed")
+                return
+            finally:
+                self._lock.release()
 
     # -- shutdown -----------------------------------------------------------------------------
     def _kill_workers(self) -> None:
@@ -383,6 +429,7 @@ class BranchParallelExecutor:
         if self._closed:
             return
         self._closed = True
+        self._beat_stop.set()
         try:
             if self._comm is not None:
                 with self._lock:

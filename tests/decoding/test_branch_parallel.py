@@ -69,7 +69,8 @@ def test_two_processes_equal_single_process(ckpt, monkeypatch):
         return packed
 
     monkeypatch.setattr(bp, "_run_local", spy)
-    with BranchParallelExecutor(ckpt, world_size=2, **WORKER) as ex:
+    # a heartbeat every 5 ms: pings fall between the rounds of every generation, and the ranks ignore them
+    with BranchParallelExecutor(ckpt, world_size=2, heartbeat_s=0.005, **WORKER) as ex:
         for cfg in (_cfg(lopa_branches=2), _cfg(lopa_branches=4, stop_at_eos=True, max_new_tokens=2 * G),
                     _cfg(lopa_branches=3, lopa_confidence="neg_entropy"),
                     _cfg(lopa_branches=2, lopa_confidence="margin", d2f_confidence="margin")):
@@ -87,6 +88,7 @@ def test_two_processes_equal_single_process(ckpt, monkeypatch):
         # sampling cannot be spread over ranks: a clear error, and the executor keeps working
         with pytest.raises(GenerationConfigError, match="greedy"):
             ex.generate(ids, attention_mask=mask, generation_config=_cfg(lopa_branches=2, temperature=0.7, seed=1))
+        ex.ping()
         cfg = _cfg(lopa_branches=1)
         _same(ex.generate(ids, attention_mask=mask, generation_config=cfg),
               local.generate(ids, attention_mask=mask, generation_config=cfg))
@@ -112,3 +114,19 @@ def test_two_processes_bidirectional_dual_cache(ckpt):
     ref = load_model(ckpt, attention_policy="bidirectional").generate(ids, attention_mask=mask, generation_config=cfg)
     _same(out, ref)
     assert any(w > 0 for row in out.stats["lopa_winners"] for w in row)
+
+
+@pytest.mark.slow
+def test_an_idle_executor_outlives_the_process_group_timeout(ckpt):
+    """The ranks wait for the next round inside a collective, which fails after the group's timeout: idle for
+    longer than it (16 s against 12 s), the executor still decodes, because its heartbeat pinged them. With
+    ``heartbeat_s=1000`` the same wait ends the worker (gloo: "Connection closed by peer"), as the default
+    30-minute timeout would end an idle ``dllm serve --branch-parallel`` server's workers without it."""
+    import time
+
+    _, ids, mask = _prompts()
+    cfg = _cfg(lopa_branches=2)
+    with BranchParallelExecutor(ckpt, world_size=2, num_threads=1, timeout_s=12, heartbeat_s=2) as ex:
+        first = ex.generate(ids, attention_mask=mask, generation_config=cfg)
+        time.sleep(16)
+        _same(ex.generate(ids, attention_mask=mask, generation_config=cfg), first)

@@ -2,7 +2,8 @@
 process: the same texts, finish reasons and forward counts for greedy d2f, threshold and LoPA requests (a streamed
 one, a batch of two prompts, a ``max_tokens`` cut and a stop string: the server's own stopping criterion,
 which rank 0 evaluates and broadcasts), a sampled request with a seed, and batches of different settings
-taking turns. SIGTERM to rank 0 drains it and stops the other rank: both exit, and torchrun with them."""
+taking turns. SIGTERM to rank 0 drains it and stops the other rank: both exit, and torchrun with them. With
+``--branch-parallel 2`` too, 4 processes form a branch x tensor mesh whose LoPA answers are one process's."""
 
 from __future__ import annotations
 
@@ -54,6 +55,12 @@ def _rank(pid: int) -> str | None:
     except OSError:
         return None
     return next((e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"RANK=")), None)
+
+
+def _cpu_ticks(pid: int) -> int:
+    """User + system CPU time of a process, in clock ticks."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
 
 
 def _ask(client, content: str, extra: dict) -> dict:
@@ -119,13 +126,7 @@ def test_tensor_parallel_server_answers_like_one_process_and_stops_on_sigterm():
     from dllm.serving.testing import running_server
 
     port = _free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(var, None)
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             "-m", "dllm", "serve", "--model", MODEL, "--tensor-parallel", "2", "--port", str(port),
-                             "--num-threads", "1", "--log-level", "warning"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _launch(port, 2, "--tensor-parallel", "2")
     try:
         # the single-process reference, computed while the ranks load
         settings = ServerSettings(model=MODEL)
@@ -134,16 +135,7 @@ def test_tensor_parallel_server_answers_like_one_process_and_stops_on_sigterm():
         with running_server(app) as url:
             want = _answers(url)
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            try:
-                if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the tensor-parallel server did not become ready"
-            time.sleep(0.2)
+        _wait_ready(proc, url)
         ranks = {_rank(p): p for p in _children(proc.pid)}
         assert set(ranks) == {"0", "1"}
         got = _answers(url)
@@ -166,6 +158,84 @@ def test_tensor_parallel_server_answers_like_one_process_and_stops_on_sigterm():
     assert "tensor parallel over 2 ranks" in out
 
 
+def _launch(port: int, nproc: int, *flags: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                             str(nproc), "-m", "dllm", "serve", "--model", MODEL, *flags, "--port", str(port),
+                             "--num-threads", "1", "--log-level", "warning"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_ready(proc: subprocess.Popen, url: str) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        try:
+            if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "the tensor-parallel server did not become ready"
+        time.sleep(0.2)
+
+
+MESH_CHATS = [  # greedy LoPA requests of several branch counts, and a d2f one, sent at once
+    ("What is 48 + 25 ?", {"strategy": "lopa", "lopa_branches": 3}),
+    ("sort : 9 4 7 1", {"strategy": "lopa", "lopa_branches": 2}),
+    ("reverse : Ann Bob Cal", {"strategy": "lopa", "lopa_branches": 4, "skip_threshold": 0.8}),
+    ("What is 123 + 45 ?", {}),
+]
+
+
+@pytest.mark.slow
+def test_branch_by_tensor_mesh_server_answers_like_one_process():
+    """``--tensor-parallel 2 --branch-parallel 2`` on 4 gloo processes (a 2 x 2 branch x tensor mesh): LoPA
+    requests, one at a time and concurrent, get the texts and forward counts of one process; SIGTERM to rank 0
+    stops all four ranks."""
+    from dllm.serving.app import create_app
+    from dllm.serving.settings import ServerSettings
+    from dllm.serving.state import load_bundle
+    from dllm.serving.testing import running_server
+
+    port = _free_port()
+    proc = _launch(port, 4, "--tensor-parallel", "2", "--branch-parallel", "2")
+    try:
+        settings = ServerSettings(model=MODEL)
+        bundle = load_bundle(settings)
+        app = create_app(settings, model=bundle.model, tokenizer=bundle.tokenizer)
+        with running_server(app) as url, httpx.Client(base_url=url, timeout=120) as client:
+            want = [_ask(client, c, e) for c, e in MESH_CHATS]
+        url = f"http://127.0.0.1:{port}"
+        _wait_ready(proc, url)
+        ranks = {_rank(p): p for p in _children(proc.pid)}
+        assert set(ranks) == {"0", "1", "2", "3"}
+        with httpx.Client(base_url=url, timeout=120) as client:
+            # the second replica's ranks (2, 3) work for LoPA rounds only: their CPU time shows where branches ran
+            ticks = {r: _cpu_ticks(ranks[r]) for r in ("2", "3")}
+            assert [_ask(client, c, e) for c, e in MESH_CHATS[3:] * 3] == want[3:] * 3
+            idle = {r: _cpu_ticks(ranks[r]) - ticks[r] for r in ticks}
+            ticks = {r: _cpu_ticks(ranks[r]) for r in ("2", "3")}
+            assert [_ask(client, c, e) for c, e in MESH_CHATS] == want
+            busy = {r: _cpu_ticks(ranks[r]) - ticks[r] for r in ticks}
+            with ThreadPoolExecutor(len(MESH_CHATS)) as pool:  # LoPA batches one at a time, the d2f one beside
+                assert list(pool.map(lambda ce: _ask(client, *ce), MESH_CHATS)) == want
+        assert all(busy[r] >= 3 and busy[r] > idle[r] for r in busy), (idle, busy)  # 10-13 against 0-1 (idle CPU)
+        assert want[0]["text"] == "73" and want[3]["text"] == "168"
+        os.kill(ranks["0"], signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            for pid in _children(proc.pid):
+                os.kill(pid, signal.SIGKILL)
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    assert all(not Path(f"/proc/{pid}").exists() for pid in ranks.values())
+    assert "tensor parallel over 2 ranks x 2 branch replicas" in out
+
+
 def test_tensor_parallel_without_a_matching_torchrun_is_one_line(monkeypatch):
     from typer.testing import CliRunner
 
@@ -181,3 +251,7 @@ def test_tensor_parallel_without_a_matching_torchrun_is_one_line(monkeypatch):
     assert "Traceback" not in result.output
     result = CliRunner().invoke(app, ["serve", "--tensor-parallel", "2", "--replicas", "2", "--port", "0"])
     assert result.exit_code == 2 and "does not combine with --replicas" in result.output
+    result = CliRunner().invoke(app, ["serve", "--tensor-parallel", "2", "--branch-parallel", "2", "--port", "0"])
+    assert result.exit_code == 2
+    assert result.output.strip() == ("error: --tensor-parallel 2 --branch-parallel 2 runs under torchrun "
+                                     "--nproc-per-node 4 (this run has WORLD_SIZE=1)")
