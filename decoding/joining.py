@@ -23,11 +23,14 @@ points (without joining it runs exactly as a plain batch):
   the slowest row's next block (:func:`dllm.decoding.loops.block_grid.join_at_boundary`).
 * Token editing (``edit``): before every forward, as D2F (rows already advance through their blocks
   on their own); a new prompt ends at the slowest row's current block start.
-* LoPA with its single-process executor (``local_executor``): on the D2F base rule before every
-  round, as D2F (``join_max_spread_blocks`` included); on the threshold base rule (bidirectional
-  models) at every block boundary, as semi-AR. The executor re-lays out every branch group's
-  canvas rows and cache the same way (:meth:`dllm.decoding.lopa.slots.SlotWorker.admit`, with
-  :func:`move_cache`); a joined row starts with no lookahead branches, as in its first round alone.
+* LoPA with its single-process executor (``local_executor``) or a branch-parallel one
+  (``BranchParallelExecutor.branch_factory``): on the D2F base rule before every round, as D2F
+  (``join_max_spread_blocks`` included); on the threshold base rule (bidirectional models) at every
+  block boundary, as semi-AR. The executor re-lays out every branch group's canvas rows and cache the
+  same way (:meth:`dllm.decoding.lopa.slots.SlotWorker.admit`, with :func:`move_cache`; a branch-parallel
+  executor tells every rank to do so for its share of the groups); a joined row starts with no
+  lookahead branches, as in its first round alone. An executor factory takes joined rows when it is
+  marked ``joins_rows = True``.
 
 Every row owns a slot range of the canvas (:meth:`dllm.decoding.state.DecodeState.admit`): slots outside
 it are invalid for the row (``key_valid``), RoPE positions count its valid slots only, and
@@ -49,9 +52,7 @@ more are dropped on the left, so a long-running call does not grow without bound
 Strategies that do not join take new rows in a batch of their own, which the server steps in turn
 with the running ones:
 
-* LoPA with a branch executor (branch parallelism): its ranks fix the canvas, the prompt ends and
-  their branch groups' caches when the call starts, and re-laying them out on every rank between
-  rounds is not implemented (an executor factory that does is marked ``joins_rows = True``).
+* LoPA with a branch executor factory not marked ``joins_rows`` (a third-party one).
 * d3LLM with a cache: when it refreshes (any row's block stabilising, every ``refresh_interval``
   forwards of the batch) and how much it keeps (the rows' shortest stable prefix) are decided for
   the whole batch over a bidirectional model's approximate K/V, so a row's tokens depend on its

@@ -200,6 +200,16 @@ class _DistributedRounds:
         self.worker.select_rows(keep)
         self.rows = int(keep.numel())
 
+    def admit(self, key_valid: torch.Tensor, prompt_length: torch.Tensor, shift: int) -> None:
+        """Rows joined the batch: every rank re-lays out its share of the branch groups the same way
+        (:meth:`~dllm.decoding.lopa.slots.SlotWorker.admit`)."""
+        key_valid, prompt_length = key_valid.cpu(), prompt_length.cpu()
+        with self.lock:
+            self.comm.bcast_obj({"cmd": "admit", "key_valid": key_valid, "prompt_length": prompt_length,
+                                 "shift": int(shift)})
+        self.worker.admit(key_valid, prompt_length, shift)
+        self.rows = int(key_valid.shape[0])
+
     def close(self) -> None:
         with self.lock:
             self.comm.bcast_obj({"cmd": "end"})
@@ -235,6 +245,10 @@ def serve_branches(model, group=None) -> None:
                 rows = int(msg["keep"].numel())
                 if worker is not None:
                     worker.select_rows(msg["keep"])
+            elif cmd == "admit":
+                rows = int(msg["key_valid"].shape[0])
+                if worker is not None:
+                    worker.admit(msg["key_valid"], msg["prompt_length"], msg["shift"])
             elif cmd == "end":
                 worker = None
             else:
@@ -382,6 +396,8 @@ class BranchParallelExecutor:
         _check_settings(settings)
         return _DistributedRounds(self._comm, model, groups=groups, key_valid=key_valid, settings=settings,
                                   lock=self._lock)
+
+    _factory.joins_rows = True  # every rank re-lays out its slots for joined rows (_DistributedRounds.admit)
 
     def generate(self, input_ids, attention_mask=None, generation_config=None, streamer=None, tokenizer=None,
                  **overrides):

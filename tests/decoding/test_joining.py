@@ -274,11 +274,11 @@ def _vocab_ids(n: int, seed: int) -> list[int]:
     return torch.randint(10, 400, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _run_joining(m, cfg, initial, early, late):
+def _run_joining(m, cfg, initial, early, late, branch_executor=None):
     """Decode ``initial``; add ``early[k]`` after step k and ``late`` once rows 0 and 1 have ended.
     Returns (output, every prompt in row order, how many rows were live at each add)."""
     streamer = CollectingBatchStreamer()
-    session = DecodeSession(m, cfg, streamer=streamer, joinable=True)
+    session = DecodeSession(m, cfg, streamer=streamer, joinable=True, branch_executor=branch_executor)
     assert session.joinable
     session.add_rows(initial)
     prompts, live_at_add, steps, late_added = list(initial), [], 0, False
@@ -419,9 +419,37 @@ def test_lopa_joins_rows_that_then_equal_their_single_runs(lopa_models, which, b
         assert "stop" in out.finish_reason
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("which,block,extra", [
+    ("tiny-d2f", 4, {"skip_threshold": 0.6, "block_add_threshold": 0.25, "decoded_token_threshold": 0.5}),
+    ("tiny", 4, {"threshold": 0.5, "cache": "dual"}),
+])
+def test_branch_parallel_lopa_joins_rows_that_then_equal_their_single_runs(lopa_models, which, block, extra):
+    """With its branch groups on 2 processes (a BranchParallelExecutor), LoPA takes joined rows as the
+    single-process executor does: every rank re-lays out its groups' slots, and each row commits the same
+    tokens in the same forwards, with the same winners, as alone on one process."""
+    from dllm.decoding.lopa.branch_parallel import BranchParallelExecutor
+
+    m = lopa_models[which]
+    n = 16
+    cfg = m.diffusion_generation_config.replace(strategy="lopa", lopa_branches=3, max_new_tokens=n,
+                                                block_length=block, temperature=0.0, return_dict_in_generate=True,
+                                                stop_at_eos=False, **extra)
+    initial = [_vocab_ids(5, 1), _vocab_ids(8, 2)]
+    early = {1: [_vocab_ids(7, 3)], 2: [_vocab_ids(12, 4), _vocab_ids(3, 5)]}
+    with BranchParallelExecutor(which, world_size=2, num_threads=1, timeout_s=120) as ex:
+        assert DecodeSession(ex.model, cfg, joinable=True, branch_executor=ex.branch_factory).joinable
+        out, prompts, live_at_add = _run_joining(ex.model, cfg, initial, early, [_vocab_ids(6, 6)],
+                                                 branch_executor=ex.branch_factory)
+    assert len(prompts) == 6 and all(live > 0 for live in live_at_add)
+    singles = _assert_rows_equal_single_runs(m, cfg, out, prompts, n)
+    assert out.stats["lopa_winners"] == [single.stats["lopa_winners"][0] for single in singles]
+    assert any(w for row in out.stats["lopa_winners"] for w in row)
+
+
 def test_lopa_with_a_branch_executor_takes_no_rows_once_running(lopa_models):
-    """The single-process executor takes joined rows; one that does not say so (a branch-parallel
-    executor's ranks keep the rows they started with) makes the batch a plain one."""
+    """The single-process executor takes joined rows; one that does not say so (an executor factory
+    without ``joins_rows``) makes the batch a plain one."""
     from dllm.decoding.lopa import local_executor
 
     m = lopa_models["tiny-d2f"]
