@@ -191,16 +191,16 @@ MESH_CHATS = [  # greedy LoPA requests of several branch counts, and a d2f one, 
 
 @pytest.mark.slow
 def test_branch_by_tensor_mesh_server_answers_like_one_process():
-    """``--tensor-parallel 2 --branch-parallel 2`` on 4 gloo processes (a 2 x 2 branch x tensor mesh): LoPA
-    requests, one at a time and concurrent, get the texts and forward counts of one process; SIGTERM to rank 0
-    stops all four ranks."""
+    """``--tensor-parallel 2 --branch-parallel 2 --join`` on 4 gloo processes (a 2 x 2 branch x tensor mesh):
+    LoPA requests, one at a time and concurrent, get the texts and forward counts of one process; SIGTERM to
+    rank 0 stops all four ranks."""
     from dllm.serving.app import create_app
     from dllm.serving.settings import ServerSettings
     from dllm.serving.state import load_bundle
     from dllm.serving.testing import running_server
 
     port = _free_port()
-    proc = _launch(port, 4, "--tensor-parallel", "2", "--branch-parallel", "2")
+    proc = _launch(port, 4, "--tensor-parallel", "2", "--branch-parallel", "2", "--join")
     try:
         settings = ServerSettings(model=MODEL)
         bundle = load_bundle(settings)
@@ -219,8 +219,10 @@ def test_branch_by_tensor_mesh_server_answers_like_one_process():
             ticks = {r: _cpu_ticks(ranks[r]) for r in ("2", "3")}
             assert [_ask(client, c, e) for c, e in MESH_CHATS] == want
             busy = {r: _cpu_ticks(ranks[r]) - ticks[r] for r in ticks}
-            with ThreadPoolExecutor(len(MESH_CHATS)) as pool:  # LoPA batches one at a time, the d2f one beside
-                assert list(pool.map(lambda ce: _ask(client, *ce), MESH_CHATS)) == want
+            # each request twice, at once: LoPA batches one at a time on the ranks (requests of one setting
+            # share a batch), the d2f ones beside
+            with ThreadPoolExecutor(2 * len(MESH_CHATS)) as pool:
+                assert list(pool.map(lambda ce: _ask(client, *ce), MESH_CHATS * 2)) == want * 2
         assert all(busy[r] >= 3 and busy[r] > idle[r] for r in busy), (idle, busy)  # 10-13 against 0-1 (idle CPU)
         assert want[0]["text"] == "73" and want[3]["text"] == "168"
         os.kill(ranks["0"], signal.SIGTERM)
