@@ -392,12 +392,18 @@ class Engine:
         """Place waiting requests (called with the lock held). Returns when to look again, if something waits."""
         started: list[EngineRequest] = []
         if self.join:
+            ranks_wanted = False  # an older LoPA request of other settings waits for the branch ranks
             for req in list(self._pending):
+                shares_ranks = req.branches and self.branch_executor is not None
+                if shares_ranks and ranks_wanted:
+                    continue  # joining would keep the running LoPA batch alive and the ranks from the older one
                 run = self._joinable(req)
                 if run is not None:
                     self._pending.remove(req)
                     self._join(run, req)
                     started.append(req)
+                elif shares_ranks:
+                    ranks_wanted = True
         wake = None
         while self._pending and len(self._running) < self.max_batches:
             group, ready_at = self._next_group(now)

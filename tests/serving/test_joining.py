@@ -201,6 +201,39 @@ def test_with_joining_on_settings_that_cannot_join_start_a_batch_of_their_own_at
     assert running == [[first]] and pending == [late]
 
 
+def test_lopa_on_branch_ranks_joins_only_while_no_other_lopa_settings_wait():
+    """With a branch executor the ranks serve one LoPA batch at a time. Same-settings LoPA requests join the
+    running one, but not once an older LoPA request of other settings waits: the running batch then drains
+    and the waiting one starts, instead of waiting as long as joiners keep coming."""
+    from dllm.generation import DiffusionGenerationConfig
+    from dllm.serving.engine import Engine
+    from dllm.serving.testing import WORDS
+    from dllm.tokenization import build_tokenizer
+
+    a_cfg = DiffusionGenerationConfig(strategy="lopa", lopa_branches=2, max_new_tokens=16, block_length=8)
+    b_cfg = a_cfg.replace(lopa_branches=3)
+
+    async def main():
+        e = Engine(None, build_tokenizer([WORDS]), session_factory=lambda *a, **k: _Open(), max_batch_size=8,
+                   join=True, branch_executor=object())  # not started: the test calls the scheduler
+        first = e.submit([[4]], n=1, cfg=a_cfg, max_tokens=8)
+        now = time.monotonic()
+        _admit(e, now + 1)
+        joiner = e.submit([[5]], n=1, cfg=a_cfg, max_tokens=8)
+        _admit(e, now + 2)
+        assert [r.requests for r in e._running] == [[first, joiner]]  # joined the running LoPA batch
+        other = e.submit([[6]], n=1, cfg=b_cfg, max_tokens=8)
+        late = e.submit([[7]], n=1, cfg=a_cfg, max_tokens=8)
+        _admit(e, now + 100)
+        assert [r.requests for r in e._running] == [[first, joiner]] and e._pending == [other, late]
+        with e._cond:
+            e._running.clear()  # the LoPA batch ends
+        _admit(e, now + 200)
+        assert [r.requests for r in e._running] == [[other]] and e._pending == [late]
+
+    asyncio.run(main())
+
+
 def test_no_join_engine_admits_nothing_and_passes_the_spread_bound_to_the_session():
     from dllm.generation import DiffusionGenerationConfig
     from dllm.serving.engine import Engine
