@@ -59,7 +59,9 @@ with the running ones:
   batchmates.
 * Fast-dLLM v2 with ``cache="dual"``: the choice between a full-block and a sub-block forward is made
   for the whole batch (any row's sub-block starting with a mask), so a row's tokens depend on its
-  batchmates.
+  batchmates. Deciding per row would not be enough: rows sit on their own block grids, so the
+  sub-block forward feeds the union of the rows' sub-blocks, and a row's slots outside its own
+  sub-block would get fresh K/V that alone they keep stale; a row would need a forward window of its own.
 * Classifier-free guidance: the conditional and unconditional rows share each forward from the start.
 """
 
