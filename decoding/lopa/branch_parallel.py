@@ -154,9 +154,9 @@ class _DistributedRounds:
     """Rank 0's executor for one ``generate`` call (the interface of :class:`SlotWorker`)."""
 
     def __init__(self, comm: _Comm, model, *, groups: int, key_valid: torch.Tensor, settings: SlotSettings,
-                 lock=None) -> None:
+                 lock) -> None:
         self.comm = comm
-        self.lock = lock or threading.RLock()  # the executor's: its heartbeat never splits an exchange
+        self.lock = lock  # the executor's: its heartbeat never splits an exchange
         self.groups = groups
         self.rows = key_valid.shape[0]
         self.shares = rank_groups(groups, comm.world)
@@ -411,8 +411,11 @@ class BranchParallelExecutor:
     def ping(self) -> None:
         """Tell the other ranks that this one is alive (they ignore it, between rounds or batches)."""
         with self._lock:
-            if self._comm is not None and not self._closed:
-                self._comm.bcast_obj({"cmd": "ping"})
+            self._send_ping()
+
+    def _send_ping(self) -> None:  # the caller holds the lock
+        if self._comm is not None and not self._closed:
+            self._comm.bcast_obj({"cmd": "ping"})
 
     def _start_heartbeat(self, every_s: float) -> None:
         self._beat_stop = threading.Event()
@@ -420,13 +423,11 @@ class BranchParallelExecutor:
             threading.Thread(target=self._beat, args=(every_s,), name="dllm-branch-heartbeat", daemon=True).start()
 
     def _beat(self, every_s: float) -> None:
-        while not self._beat_stop.wait(every_s):
+        while not self._beat_stop.wait(every_s):  # close() sets it
             if not self._lock.acquire(blocking=False):
                 continue  # a generation or a round is talking to the ranks: traffic enough
             try:
-                if self._closed:
-                    return
-                self._comm.bcast_obj({"cmd": "ping"})
+                self._send_ping()
             except Exception:  # noqa: BLE001 - a rank went away; the next round reports it
                 log.exception("branch-parallel heartbeat failed")
                 return

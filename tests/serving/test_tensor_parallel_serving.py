@@ -144,16 +144,9 @@ def test_tensor_parallel_server_answers_like_one_process_and_stops_on_sigterm():
         assert want["chats"][2]["finish"] == "stop" and want["chats"][3]["finish"] == "length"
         assert all(c["forwards"] >= 1 for c in want["chats"])
 
-        os.kill(ranks["0"], signal.SIGTERM)  # rank 0 drains, then tells rank 1 to stop
-        out, err = proc.communicate(timeout=60)
+        out = _stop_with_sigterm_to_rank0(proc, ranks)  # rank 0 drains, then tells the others to stop
     finally:
-        if proc.poll() is None:
-            for pid in _children(proc.pid):
-                os.kill(pid, signal.SIGKILL)
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err[-3000:]
-    assert all(not Path(f"/proc/{pid}").exists() for pid in ranks.values())
+        _kill_all(proc)
     assert out.count("serving 'tiny-d2f' on http://127.0.0.1:") == 1  # rank 0 alone listens and says so
     assert "tensor parallel over 2 ranks" in out
 
@@ -179,6 +172,24 @@ def _wait_ready(proc: subprocess.Popen, url: str) -> None:
             pass
         assert time.monotonic() < deadline, "the tensor-parallel server did not become ready"
         time.sleep(0.2)
+
+
+def _stop_with_sigterm_to_rank0(proc: subprocess.Popen, ranks: dict) -> str:
+    """SIGTERM to rank 0: every rank and torchrun exit with 0 and none is left behind. Returns stdout."""
+    os.kill(ranks["0"], signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    assert all(not Path(f"/proc/{pid}").exists() for pid in ranks.values())
+    return out
+
+
+def _kill_all(proc: subprocess.Popen) -> None:
+    """What a failed test left running: torchrun's ranks, then torchrun."""
+    if proc.poll() is None:
+        for pid in _children(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.communicate()
 
 
 MESH_CHATS = [  # greedy LoPA requests of several branch counts, and a d2f one, sent at once
@@ -225,16 +236,9 @@ def test_branch_by_tensor_mesh_server_answers_like_one_process():
                 assert list(pool.map(lambda ce: _ask(client, *ce), MESH_CHATS * 2)) == want * 2
         assert all(busy[r] >= 3 and busy[r] > idle[r] for r in busy), (idle, busy)  # 10-13 against 0-1 (idle CPU)
         assert want[0]["text"] == "73" and want[3]["text"] == "168"
-        os.kill(ranks["0"], signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
+        out = _stop_with_sigterm_to_rank0(proc, ranks)
     finally:
-        if proc.poll() is None:
-            for pid in _children(proc.pid):
-                os.kill(pid, signal.SIGKILL)
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err[-3000:]
-    assert all(not Path(f"/proc/{pid}").exists() for pid in ranks.values())
+        _kill_all(proc)
     assert "tensor parallel over 2 ranks x 2 branch replicas" in out
 
 
