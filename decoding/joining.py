@@ -15,12 +15,17 @@ points (without joining it runs exactly as a plain batch):
   ``join_max_spread_blocks`` set, only while the live rows' windows span at most
   that many blocks from there (:func:`may_join`): rows that are far apart make every forward
   cover the union of their windows.
-* d3LLM without a cache: before every forward, as D2F (its full forwards keep no cache to move).
-* SDAR (``sdar``) and Fast-dLLM v2 (``fast_dllm_v2`` without ``cache="dual"``) on position-aligned
+* d3LLM: before every forward, as D2F. Without a cache its full forwards keep nothing to move; with
+  the delayed cache each row decides its own refreshes and keeps its own stable prefix, and one
+  batched forward serves every row's choice (the cache keeps the slots a row would not feed alone:
+  :meth:`dllm.modeling.kv_cache.DiffusionKVCache.keeping`); a joined row's first forward refreshes.
+* SDAR (``sdar``) and Fast-dLLM v2 (``fast_dllm_v2``, its sub-block cache too) on position-aligned
   models: at every block boundary (for ``fast_dllm_v2`` before the forward that reads the next
   blocks' first tokens). Blocks follow each row's own positions, so a new prompt of ``n`` tokens is
   placed so that its first block (its last ``n % B`` tokens and the first masks) starts at or after
-  the slowest row's next block (:func:`dllm.decoding.loops.block_grid.join_at_boundary`).
+  the slowest row's next block (:func:`dllm.decoding.loops.block_grid.join_at_boundary`). With ``cache="dual"`` each row chooses
+  its own full-block or sub-block forward, served by one batched forward whose cache keeps, for each
+  row, the slots it would not feed alone, so rows on different block grids decode as alone.
 * Token editing (``edit``): before every forward, as D2F (rows already advance through their blocks
   on their own); a new prompt ends at the slowest row's current block start.
 * LoPA with its single-process executor (``local_executor``) or a branch-parallel one
@@ -53,15 +58,6 @@ Strategies that do not join take new rows in a batch of their own, which the ser
 with the running ones:
 
 * LoPA with a branch executor factory not marked ``joins_rows`` (a third-party one).
-* d3LLM with a cache: when it refreshes (any row's block stabilising, every ``refresh_interval``
-  forwards of the batch) and how much it keeps (the rows' shortest stable prefix) are decided for
-  the whole batch over a bidirectional model's approximate K/V, so a row's tokens depend on its
-  batchmates.
-* Fast-dLLM v2 with ``cache="dual"``: the choice between a full-block and a sub-block forward is made
-  for the whole batch (any row's sub-block starting with a mask), so a row's tokens depend on its
-  batchmates. Deciding per row would not be enough: rows sit on their own block grids, so the
-  sub-block forward feeds the union of the rows' sub-blocks, and a row's slots outside its own
-  sub-block would get fresh K/V that alone they keep stale; a row would need a forward window of its own.
 * Classifier-free guidance: the conditional and unconditional rows share each forward from the start.
 """
 

@@ -57,6 +57,10 @@ class Strategy:
     guidance: bool = False  # classifier-free guidance (cfg_scale > 0, without a cache)
     threshold_option: str | None = "threshold"  # its probability threshold, if it has one (GRPO's rollout.threshold)
     row_options: frozenset[str] = frozenset()  # options that may differ between the rows of one batch
+    # Settings under which its rows decode exactly as rows of another strategy's batch, so the two share
+    # forwards (a server's mixed load): ``batches_as(model, cfg)`` returns (that strategy's name, the
+    # options that make it decode like ``cfg``) or None. See :mod:`dllm.decoding.batching`.
+    batches_as: Callable | None = None
     # Strategy-specific checks: ``validate(cfg)`` returns a problem with the config alone (checked when
     # a DiffusionGenerationConfig is built), ``check(model, cfg)`` raises before any forward.
     validate: Callable | None = None

@@ -3,6 +3,8 @@ policy and its capabilities. Registered when ``dllm.decoding`` is imported."""
 
 from __future__ import annotations
 
+import math
+
 from .commit import Entropy, Factor, Margin, MaskGitPlus, Quota, Threshold
 from .errors import GenerationConfigError
 from .loops.editing import decode_edit
@@ -41,21 +43,26 @@ def _lopa_refresh(model, cfg) -> None:
         )
 
 
-def _d3llm_joins(cfg) -> bool:
-    """Without a cache (``FullWindow``); the delayed cache's refreshes depend on every row."""
-    return cfg.cache == "none"
-
-
-def _fast_dllm_v2_joins(cfg) -> bool:
-    """Without the sub-block cache: its full-block refresh is decided for the whole batch."""
-    return cfg.cache != "dual"
-
-
 def _lopa_joins(cfg) -> bool:
     """On either base rule (D2F: before every round; threshold: at block starts) with the single-process
     executor, which re-lays out every branch group; ``DecodeSession`` keeps a batch whose branches run on
     a branch executor (branch parallelism: ranks that re-lay out nothing) from taking rows."""
     return True
+
+
+def _threshold_as_d2f(model, cfg):
+    """On a block-causal model without a cache, a ``threshold`` row decodes exactly as a ``d2f`` row that
+    appends a block only once the last one is full (tau_add = 1, so every new block is fully activated):
+    the same forwards (a step feeds the current block against the exact cache, and the first step of a
+    block also feeds the finished one before it) and the same commits (every slot above the threshold,
+    else the best one by probability). Fast-dLLM's ``conf >= t`` is D2F's strict ``conf > t'`` with t'
+    the float64 just below t (confidences are float64 probabilities). D2F stops appending blocks after an
+    EOS, so rows that go on past their EOS (``stop_at_eos=False``) keep their own loop."""
+    if (not getattr(model, "is_block_causal", False) or cfg.cache != "none" or cfg.cfg_scale or cfg.remasking != "low_confidence"
+            or not cfg.stop_at_eos or cfg.threshold <= 0):
+        return None
+    return "d2f", {"skip_threshold": math.nextafter(cfg.threshold, -math.inf), "block_add_threshold": 1.0,
+                   "decoded_token_threshold": 1.0, "d2f_confidence": "prob"}
 
 
 def _edit_post_steps(cfg) -> int:
@@ -69,7 +76,8 @@ BUILTIN = [
              options=_LLADA | {"steps", "cfg_scale"}, policy=Quota, guidance=True, validate=_vanilla_steps,
              threshold_option=None, **_SEMI_AR),
     Strategy("threshold", summary="Fast-dLLM: commit every masked token with confidence >= threshold (+ the best)",
-             options=_LLADA | {"threshold"}, policy=Threshold, row_options=frozenset({"threshold"}), **_SEMI_AR),
+             options=_LLADA | {"threshold"}, policy=Threshold, row_options=frozenset({"threshold"}),
+             batches_as=_threshold_as_d2f, **_SEMI_AR),
     Strategy("factor", summary="Fast-dLLM factor rule: accept the k best while c_k >= 1 - factor/(k+1)",
              options=_LLADA | {"factor"}, policy=Factor, threshold_option=None, **_SEMI_AR),
     *(Strategy(policy.alg, summary=f"Dream: timestep schedule, positions ranked by {rank}",
@@ -79,11 +87,12 @@ BUILTIN = [
     Strategy("d3llm", decode_pipeline,
              "d3LLM: pipelined multi-block decoding, commit tokens with entropy <= entropy_threshold",
              frozenset({"entropy_threshold", "block_add_threshold", "decoded_token_threshold", "cache", "cache_delay",
-                        "refresh_interval"}), policy=EntropyRule, threshold_option=None, joins_rows=_d3llm_joins),
+                        "refresh_interval"}), policy=EntropyRule, threshold_option=None, joins_rows=True),
     Strategy("d2f", decode_pipeline,
              "D2F: pipelined multi-block decoding with an exact block KV cache (tau_add/tau_act/tau_conf)", _D2F,
              policy=D2FRule, requires_block_causal=True, joins_rows=True, exact_replay=True,
-             threshold_option="skip_threshold", row_options=frozenset({"skip_threshold"})),
+             threshold_option="skip_threshold",
+             row_options=frozenset({"skip_threshold", "block_add_threshold", "decoded_token_threshold"})),
     Strategy("edit", decode_edit,
              "LLaDA2.1 token editing (SGLang's joint_threshold): commit masks above threshold (M2T) and "
              "replace committed tokens of the current block the model now prefers above editing_threshold (T2T)",
@@ -98,7 +107,7 @@ BUILTIN = [
              "Fast-dLLM v2: sub-blocks decoded by confidence threshold inside the model's blocks, the next "
              "block's first token from the finished block (cache='dual': the reference's sub-block cache)",
              frozenset({"threshold", "sub_block_length", "cache"}), requires_block_causal=True, grid="position",
-             shifted_logits=True, joins_rows=_fast_dllm_v2_joins, exact_replay=True, check=_fast_dllm_v2_cache),
+             shifted_logits=True, joins_rows=True, exact_replay=True, check=_fast_dllm_v2_cache),
     Strategy("lopa", decode_lopa,
              "LoPA: lopa_branches lookahead branches (+ the anchor) verified in one forward per round, on top "
              "of d2f (block-causal models) or threshold (bidirectional)",

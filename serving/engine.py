@@ -8,13 +8,14 @@ postprocess**:
   start a new :class:`~dllm.decoding.decode_session.DecodeSession` with the other waiting requests of the same
   settings (up to ``max_batch_size`` rows), while fewer than ``max_batches`` run. "Same settings" is the
   whole :class:`DiffusionGenerationConfig` except the options a strategy lets each row set
-  (``Strategy.row_options``: ``threshold``, ``skip_threshold``), so requests that differ only there share
-  every forward. A batch that is not full waits for more requests until none arrived for
+  (``Strategy.row_options``: ``threshold``, ``skip_threshold``, ...) and those it does not read, so requests
+  that differ only there share every forward; on a block-causal model without a cache, ``threshold``
+  requests batch with ``d2f`` ones (:mod:`dllm.decoding.batching`). A batch that is not full waits for more requests until none arrived for
   ``batch_wait`` (or, after a batch, for as many requests as it had, up to ``10 x batch_wait``); a
   request whose settings match a running batch (that it cannot join) starts with the next batch of
   those settings, when the running one ends, while requests of other settings may start meanwhile:
   same-settings work is not split into small batches. With joining on (``join``), a request whose
-  strategy cannot join a running batch (LoPA, cached d3LLM, Fast-dLLM v2's dual cache) starts a batch
+  strategy cannot join a running batch (LoPA on a third-party branch executor, classifier-free guidance) starts a batch
   of its own at once instead, so every request streams after at most one step of each running batch. A request that samples (temperature > 0) with a ``seed`` runs in a
   batch of its own, so its output depends only on the request.
 * **run**: one ``step()`` of the next batch in turn (round robin): one forward and its commits. A
@@ -38,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
-import dataclasses
 import logging
 import threading
 import time
@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from dllm.decoding.batching import batch_form
 from dllm.decoding.config import DiffusionGenerationConfig
 from dllm.decoding.decode_session import DecodeSession
 from dllm.decoding.registry import get_strategy
@@ -91,14 +92,14 @@ class EngineRequest:
     def __init__(self, engine: Engine, prompts: list[list[int]], n: int, cfg: DiffusionGenerationConfig,
                  max_tokens: int, stop: tuple[str, ...], isolated: bool, bind_loop: bool = True) -> None:
         self.engine = engine
-        self.cfg = cfg
-        strategy = get_strategy(cfg.strategy)
-        # Rows may set the strategy's row options for themselves: requests that differ only there share a batch.
-        self.row_values = {name: getattr(cfg, name) for name in strategy.row_options}
-        shared = tuple((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
-                       if f.name not in strategy.row_options)
-        self.key: Any = (shared, id(self)) if isolated else (shared, None)
-        self.branches = strategy.branches
+        # The config its batch decodes with (another strategy's where its rows decode exactly as that one's:
+        # threshold rows run as d2f rows on a block-causal model), its row options' values, and the key of
+        # the settings it must share with the other requests of a batch (dllm.decoding.batching).
+        form = batch_form(engine.model, cfg)
+        self.cfg = form.cfg
+        self.row_values = form.row_values
+        self.key: Any = (form.key, id(self)) if isolated else (form.key, None)
+        self.branches = get_strategy(form.cfg.strategy).branches
         # bind_loop=False: a request whose events leave through a pipe (serving.engine_process)
         self.loop = asyncio.get_running_loop() if bind_loop else None
         self.queue: asyncio.Queue[Event] | None = asyncio.Queue() if bind_loop else None
@@ -445,7 +446,7 @@ class Engine:
                 # a batch of its settings is running: it starts with the next one, when that ends (or joins
                 # it, where joining is on), so same-settings work is not split into small batches; requests
                 # of other settings may start meanwhile. With joining on, settings whose strategy cannot take
-                # rows mid-call (LoPA, cached d3LLM, ...) start a batch of their own at once instead, stepped
+                # rows mid-call (guidance, ...) start a batch of their own at once instead, stepped
                 # in turn with the running one: latency first, as joining is
                 continue
             ready_at = self._ready_at(head, rows)

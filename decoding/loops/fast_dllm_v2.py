@@ -12,8 +12,10 @@ gets its first token the same way.
 ``cache="dual"`` is the reference's ``use_block_cache``: a forward over the whole block keeps the
 block's K/V; while the first slot of the current sub-block is committed, later forwards feed only
 the sub-block, whose fresh K/V replace its slots while the rest of the block keeps the stale ones.
-As in the reference that choice is made for the batch (a full forward as soon as any row's sub-block
-starts with a mask), so with this cache a row's tokens can depend on its batchmates.
+The reference makes that choice for the batch (a full forward as soon as any row's sub-block starts
+with a mask), so there a row's tokens depend on its batchmates; dllm makes it per row, in one batched
+forward whose cache keeps, for each row, the slots it would not feed alone
+(:meth:`~dllm.modeling.kv_cache.DiffusionKVCache.keeping`), so a row decodes as alone and rows may join.
 
 Forward counts: every forward above counts for the rows it serves. The reference also spends a
 forward on the complete blocks of a prompt that does not end on a block boundary (its prefill, which
@@ -78,13 +80,43 @@ def decode_fast_dllm_v2(model, state: DecodeState, gen: torch.Generator | None):
         state.commit(cached_end, transfer, token[:, None].expand_as(transfer))
         cached_end = int(ends.min())  # every row's blocks before `ends` were fed final: exact K/V
 
+    built = torch.zeros_like(cur, dtype=torch.bool)  # per row: its block's K/V in the cache (cache="dual")
+
     def retire() -> None:
-        nonlocal cur, budget, cache
+        nonlocal cur, budget, cache, built
         keep = state.pop_finished()
         if keep is not None:
-            cur, budget = cur[keep], budget[keep]
+            cur, budget, built = cur[keep], budget[keep], built[keep]
             runner.select_rows(keep)
             cache = cache.select_rows(keep)
+
+    def sub_block_forward(lo, hi, fresh, alone, first, sub_end, need) -> torch.Tensor:
+        """Logits [live, hi - lo] for ``cache="dual"``, each row's own forward: rows ``fresh`` get a forward
+        over their whole block, whose K/V stay cached; rows ``alone`` feed only their sub-block after its first
+        slot, whose fresh K/V replace the stale ones while the rest of their block keeps its cached K/V;
+        rows that need no forward keep their cache untouched. One batched forward serves them all: the
+        cache keeps every slot a row would not feed alone."""
+        nonlocal cached_end
+        slots = torch.arange(cache.capacity, device=dev)[None, :]
+        # an `alone` row's fed slots: after the sub-block's first slot, and that slot too where the logits are
+        # shifted (its hidden state gives the next slot's logit, so the forward alone feeds it as well)
+        own = (slots >= first[:, None] + (0 if runner.shift else 1)) & (slots < sub_end[:, None])
+        keep = ~need[:, None] | (alone[:, None] & ~own)
+        if bool(fresh.any()):
+            with cache.keeping(keep if bool((~fresh).any()) else None):
+                logits = runner.cached(state.x, start=cached_end, end=hi, cache=cache, mode="prefix",
+                                       block_size=B)[:, lo - cached_end:]
+            cache.length = max(cache.length, hi)  # the blocks' K/V stay for the sub-block forwards
+            cached_end = lo
+            return logits
+        a = int(first[alone].min())
+        b = min(hi, int(sub_end[alone].max()))
+        fed = a + 1 - (1 if runner.shift and a + 1 > 0 else 0)  # the runner feeds the slot before, shifted
+        with cache.keeping(keep if bool(keep[:, fed: b].any()) else None):
+            part = runner.cached(state.x, start=a + 1, end=b, cache=cache, mode="replace", block_size=B)
+        logits = torch.zeros((state.live, hi - lo, part.shape[-1]), dtype=part.dtype, device=dev)
+        logits[:, a + 1 - lo: b - lo] = part
+        return logits
 
     # A prompt that ends on a block boundary: its first token comes from the prompt's last position.
     if bool((cur == P).any()):
@@ -97,7 +129,7 @@ def decode_fast_dllm_v2(model, state: DecodeState, gen: torch.Generator | None):
         if lo >= hi:
             break
         cached_end = min(cached_end, lo)
-        built = False  # the block's K/V in the cache (cache="dual")
+        built = torch.zeros_like(cur, dtype=torch.bool)
         for j in range(B // S):
             while state.live:
                 sub = windows(cur + j * S, 0, S, lo, hi) & (torch.arange(lo, hi, device=dev)[None, :] < budget[:, None])
@@ -107,20 +139,15 @@ def decode_fast_dllm_v2(model, state: DecodeState, gen: torch.Generator | None):
                     break
                 first = (cur + j * S).clamp(max=width - 1)
                 rows = torch.arange(state.live, device=dev)
-                fresh = not dual or not built or bool((state.x[rows, first] == state.mask_id).any())
-                if fresh:
+                if dual:  # per row: a full-block forward, or its sub-block alone against its cached block
+                    fresh = need & (~built | (state.x[rows, first] == state.mask_id))
+                    alone = need & ~fresh
+                    logits = sub_block_forward(lo, hi, fresh, alone, first, cur + (j + 1) * S, need)
+                    built |= fresh
+                else:
                     logits = runner.cached(state.x, start=cached_end, end=hi, cache=cache, mode="prefix",
                                            block_size=B)[:, lo - cached_end:]
-                    if dual:
-                        cache.length = max(cache.length, hi)  # the block's K/V stay for the sub-block forwards
-                        built = True
                     cached_end = lo
-                else:  # the sub-block alone against the cached block (its first slot is committed everywhere)
-                    a = int(first.min())
-                    b = min(hi, int((cur + (j + 1) * S).max()))
-                    part = runner.cached(state.x, start=a + 1, end=b, cache=cache, mode="replace", block_size=B)
-                    logits = torch.zeros((state.live, hi - lo, part.shape[-1]), dtype=part.dtype, device=dev)
-                    logits[:, a + 1 - lo: b - lo] = part
                 state.count_forward(need)
                 x0, conf = choose(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                                   generator=gen)
@@ -136,6 +163,7 @@ def decode_fast_dllm_v2(model, state: DecodeState, gen: torch.Generator | None):
             width = state.x.shape[1]
             if not state.live:
                 break
+        built = torch.zeros_like(cur, dtype=torch.bool)  # a new block (and maybe new rows)
         next_token(cur, torch.ones_like(cur, dtype=torch.bool))
         retire()
         yield

@@ -61,6 +61,8 @@ class RowPlan:
     def __init__(self, prompt_length: int, prompt_start: int = 0) -> None:
         self.blocks = [Block(prompt_start, prompt_length, TO_CACHE, True)]
         self.eos = False
+        self.forwards = 0  # forwards this row has taken (a joined row counts from its own first)
+        self.cache_end: int | None = None  # d3LLM's delayed cache: slots [0, cache_end) hold its stable K/V
 
     @property
     def generated_blocks(self) -> int:
@@ -92,21 +94,28 @@ class RowPlan:
         for b in self.blocks:
             b.start -= d
             b.end -= d
+        if self.cache_end is not None:
+            self.cache_end -= d
 
     def copy(self) -> RowPlan:
         new = RowPlan.__new__(RowPlan)
         new.blocks = [Block(b.start, b.end, b.state, b.complete, b.done_at) for b in self.blocks]
         new.eos = self.eos
+        new.forwards, new.cache_end = self.forwards, self.cache_end
         return new
 
-    def append_and_activate(self, x_row: torch.Tensor, cfg, mask_id: int) -> None:
-        """D2F steps 1-2: append a block once the last one is decoded to tau_add; activate at tau_act."""
+    def append_and_activate(self, x_row: torch.Tensor, cfg, mask_id: int, tau_add: float | None = None,
+                            tau_act: float | None = None) -> None:
+        """D2F steps 1-2: append a block once the last one is decoded to tau_add; activate at tau_act
+        (the row's own values where given, else the config's)."""
+        tau_add = cfg.block_add_threshold if tau_add is None else tau_add
+        tau_act = cfg.decoded_token_threshold if tau_act is None else tau_act
         last = self.blocks[-1]
         if (self.generated_blocks < cfg.num_blocks and not self.eos
-                and decoded_ratio(x_row, last, mask_id, len(self.blocks) == 1) >= cfg.block_add_threshold):
+                and decoded_ratio(x_row, last, mask_id, len(self.blocks) == 1) >= tau_add):
             self.blocks.append(Block(last.end, last.end + cfg.block_size, ACTIVE, False))
         for i in range(len(self.blocks) - 1):
-            if decoded_ratio(x_row, self.blocks[i], mask_id, i == 0) >= cfg.decoded_token_threshold:
+            if decoded_ratio(x_row, self.blocks[i], mask_id, i == 0) >= tau_act:
                 self.blocks[i + 1].complete = True
 
     def mark_done(self, x_row: torch.Tensor, mask_id: int, step: int) -> None:
@@ -133,6 +142,12 @@ class RowPlan:
             if b.state == ACTIVE and not earlier_active and not bool((x_row[b.start : b.end] == mask_id).any()):
                 b.state = TO_CACHE
             earlier_active = earlier_active or b.state == ACTIVE
+
+
+def row_column(state, name: str) -> list[float]:
+    """One value of option ``name`` per live row (the rows' own values, else the config's)."""
+    value = state.option(name)
+    return value[:, 0].tolist() if torch.is_tensor(value) else [value] * state.live
 
 
 def decoded_ratio(x_row: torch.Tensor, block: Block, mask_id: int, prompt_block: bool) -> float:
@@ -251,27 +266,39 @@ class FullWindow:
 
 class DelayedWindow(FullWindow):
     """d3LLM with a cache: a finished block is cached ``cache_delay`` forwards after its last token, and a full
-    forward refreshes everything while blocks stabilise or every ``refresh_interval`` forwards. When to
-    refresh depends on every row (any row stabilising), so a row that joined would not decode as alone:
-    rows do not join."""
+    forward refreshes everything while blocks stabilise or every ``refresh_interval`` forwards. Each row
+    decides for itself (its own forwards, its own stable prefix ``RowPlan.cache_end``), as it would alone:
+    one batched forward starts at the earliest slot any row feeds, and the cache keeps, for each row that
+    does not refresh, its stable prefix (:meth:`~dllm.modeling.kv_cache.DiffusionKVCache.keeping`). So a row
+    decodes as alone, and rows may join (with no cache yet, a joined row's first forward refreshes)."""
 
-    joins_rows = False
+    joins_rows = True
 
     def __init__(self, model, cfg, state, runner) -> None:
         super().__init__(model, cfg, state, runner)
         self.cache = model.allocate_cache(state.key_valid, prompt_length=state.P)
 
+    def refreshes(self, p: RowPlan) -> bool:
+        cfg = self.cfg
+        return (p.cache_end is None or p.stabilizing(p.forwards, cfg.cache_delay)
+                or bool(cfg.refresh_interval and p.forwards % cfg.refresh_interval == 0))
+
     def forward(self, state, plans, start, end, steps):
         cfg, cache = self.cfg, self.cache
         cache.key_valid = self.key_valid(state, plans)  # the same per-row canvas view for cached forwards
-        refresh = (cache.length == 0 or any(p.stabilizing(steps, cfg.cache_delay) for p in plans)
-                   or bool(cfg.refresh_interval and steps % cfg.refresh_interval == 0))
-        if refresh:
+        refresh = [self.refreshes(p) for p in plans]
+        if all(refresh):
             logits = self.runner.full(state.x[:, :end], logits_from=start, cache=cache)
-            cache.length = min(p.stable_end(steps, cfg.cache_delay) for p in plans)
-            return logits
-        c = cache.length  # the stable prefix is cached: feed only the rest
-        return self.runner.cached(state.x, start=c, end=end, cache=cache, mode="prefix")[:, start - c:]
+        else:  # from the earliest slot a row feeds; the others keep their stable prefixes
+            c = min(0 if r else p.cache_end for r, p in zip(refresh, plans))
+            ends = torch.tensor([0 if r else p.cache_end for r, p in zip(refresh, plans)], device=state.x.device)
+            keep = torch.arange(cache.capacity, device=state.x.device)[None, :] < ends[:, None]
+            with cache.keeping(keep if bool(keep[:, c:end].any()) else None):
+                logits = self.runner.cached(state.x, start=c, end=end, cache=cache, mode="prefix")[:, start - c:]
+        for r, p in zip(refresh, plans):
+            if r:
+                p.cache_end = p.stable_end(p.forwards, cfg.cache_delay)
+        return logits
 
 
 def window_for(model, cfg, rule: type):
@@ -312,9 +339,10 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None):
                     plans += [RowPlan(int(state.gstart[r]), int(first[r])) for r in range(state.live - joined, state.live)]
         if not state.live:
             break
-        # 1-2: append and activate, per row
-        for r, plan in enumerate(plans):
-            plan.append_and_activate(state.x[r], cfg, mask_id)
+        # 1-2: append and activate, per row (with its own tau_add / tau_act where rows set them)
+        taus = zip(row_column(state, "block_add_threshold"), row_column(state, "decoded_token_threshold"))
+        for r, (plan, (tau_add, tau_act)) in enumerate(zip(plans, taus)):
+            plan.append_and_activate(state.x[r], cfg, mask_id, tau_add, tau_act)
         # 3: rows with nothing left to decode are finished
         finished = torch.tensor([not p.active() for p in plans], dtype=torch.bool, device=state.x.device)
         if bool(finished.any()):
@@ -329,6 +357,7 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None):
         steps += 1
         state.count_forward()
         for p in plans:
+            p.forwards += 1
             for b in p.blocks:
                 if b.state == TO_CACHE:
                     b.state = IN_CACHE  # its K/V were written by this forward, from final tokens
@@ -344,7 +373,7 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None):
                     p.eos = True
         # 7: retire finished blocks in order
         for r, p in enumerate(plans):
-            p.mark_done(state.x[r], mask_id, steps)
+            p.mark_done(state.x[r], mask_id, p.forwards)
             p.retire_finished(state.x[r], mask_id)
         keep_rows(state.pop_finished())
         yield

@@ -15,11 +15,18 @@ then attends over keys ``[0, key_end)``. The decoders use three shapes of that o
   span overwrite the stale ones in place and stay there for later steps.
 * ``fill``: a full forward from slot 0 that (re)computes every slot; afterwards ``length`` = q.
 
+Rows of one batch may each need their own window inside the shared input (continuous batching with a
+cache whose refreshes are decided per row): :meth:`keeping` marks, for one forward, slots whose cached
+K/V stay in place. The forward still computes every input slot, but attention reads the kept K/V
+there, so a row's queries see exactly what they would see in a forward over its own window.
+
 No step concatenates tensors: buffers are allocated once with the canvas capacity.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +43,7 @@ class DiffusionKVCache:
     prompt_length: int | torch.Tensor  # slots < prompt_length form the prompt block (block-causal); or per row [batch]
     length: int = 0  # slots [0, length) hold committed K/V
     extra: dict = field(default_factory=dict)  # decoder-owned side data (e.g. Dream's stored last logit)
+    keep: torch.Tensor | None = None  # [batch, capacity] bool during one forward (see :meth:`keeping`)
 
     @classmethod
     def allocate(
@@ -68,8 +76,22 @@ class DiffusionKVCache:
         end = start + k.shape[2]
         if end > self.capacity:
             raise ValueError(f"cache write [{start}, {end}) exceeds capacity {self.capacity}")
+        if self.keep is not None:
+            kept = self.keep[:, None, start:end, None]
+            k = torch.where(kept, self.keys[layer][:, :, start:end], k)
+            v = torch.where(kept, self.values[layer][:, :, start:end], v)
         self.keys[layer][:, :, start:end] = k
         self.values[layer][:, :, start:end] = v
+
+    @contextmanager
+    def keeping(self, keep: torch.Tensor | None) -> Iterator[DiffusionKVCache]:
+        """For the forwards inside the block, slots where ``keep`` [batch, capacity] is True keep their
+        cached K/V (None: every input slot is written, as without the block)."""
+        self.keep = keep
+        try:
+            yield self
+        finally:
+            self.keep = None
 
     def view(self, layer: int, key_end: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[layer][:, :, :key_end], self.values[layer][:, :, :key_end]

@@ -93,6 +93,9 @@ def _padded(prompts):
 
 @pytest.mark.parametrize("name,strategy,extra", [("sdar", "sdar", {}), ("fast_dllm_v2", "fast_dllm_v2", {}),
                                                  ("fast_dllm_v2", "fast_dllm_v2", {"sub_block_length": 4}),
+                                                 ("fast_dllm_v2", "fast_dllm_v2", {"cache": "dual"}),
+                                                 ("fast_dllm_v2", "fast_dllm_v2", {"cache": "dual",
+                                                                                   "sub_block_length": 2}),
                                                  ("sdar", "d2f", {}), ("fast_dllm_v2", "threshold", {}),
                                                  ("sdar", "lopa", {"lopa_branches": 2})])
 def test_a_row_decodes_in_a_batch_as_alone(name, strategy, extra):

@@ -344,10 +344,15 @@ def test_d3llm_entropy_rule_commits_in_parallel(model):
     assert bool((many.sequences[0, p.shape[1]:] != model.config.mask_token_id).all())
 
 
-def test_d3llm_delayed_cache_runs_batched(model):
-    """The cache is approximate and its refreshes are shared by the batch, so only completion is asserted."""
-    prompts = [_prompt(1, n, seed=n)[0].tolist() for n in (5, 9)]
+@pytest.mark.parametrize("delay,interval", [(1, 4), (2, None), (1, 1)])
+def test_d3llm_delayed_cache_decodes_each_row_of_a_batch_as_alone(model, delay, interval):
+    """Each row refreshes on its own schedule (its forwards, its stable prefix), so a batch changes no row."""
+    prompts = [_prompt(1, n, seed=n)[0].tolist() for n in (5, 9, 3)]
     ids, mask = _left_pad(prompts)
-    out = _gen(model, ids, attention_mask=mask, strategy="d3llm", entropy_threshold=1.0, cache="prefix",
-               cache_delay=1, refresh_interval=4)
-    assert bool((out.step_map >= 1).all()) and out.finish_reason == ["length", "length"]
+    kw = dict(strategy="d3llm", entropy_threshold=1.0, cache="prefix", cache_delay=delay, refresh_interval=interval)
+    out = _gen(model, ids, attention_mask=mask, **kw)
+    for i, p in enumerate(prompts):
+        alone = _gen(model, torch.tensor([p]), **kw)
+        assert out.sequences[i, ids.shape[1]:].tolist() == alone.sequences[0, len(p):].tolist(), i
+        assert int(out.num_forwards[i]) == int(alone.num_forwards[0])
+        assert torch.equal(out.step_map[i], alone.step_map[0])

@@ -61,6 +61,7 @@ CASES = [
     ("d2f", "none", "block_causal"), ("d2f", "none", "eos_block_causal"),
     ("threshold", "prefix", "dream"), ("entropy", "dual", "dream"),  # logit shift, GQA
     ("d3llm", "none", "bidirectional"),  # the pipeline without a cache
+    ("d3llm", "prefix", "bidirectional"),  # the delayed cache: each row refreshes on its own schedule
 ]
 
 
@@ -155,8 +156,7 @@ def test_a_session_that_has_drained_takes_no_more_rows(bc_model):
         session.add_rows([_ids(6, 9)])
 
 
-@pytest.mark.parametrize("strategy,extra", [("d3llm", {"cache": "prefix"}),
-                                            ("vanilla", {"cfg_scale": 1.0})])
+@pytest.mark.parametrize("strategy,extra", [("vanilla", {"cfg_scale": 1.0})])
 def test_strategies_without_joining_refuse_rows_once_running(model, strategy, extra):
     cfg = DiffusionGenerationConfig(strategy=strategy, max_new_tokens=8, block_length=B, **extra)
     session = DecodeSession(model, cfg, joinable=True)
@@ -316,6 +316,9 @@ def _assert_rows_equal_single_runs(m, cfg, out, prompts, n):
 POSITION_CASES = [
     ("sdar", "sdar", {}), ("sdar", "sdar", {"unmasking": "low_confidence_static", "denoising_steps": 2}),
     ("fast-dllm-v2", "fast_dllm_v2", {}), ("fast-dllm-v2", "fast_dllm_v2", {"sub_block_length": 4}),
+    # the sub-block cache: each row chooses its full-block or sub-block forward, in one batched forward
+    ("fast-dllm-v2", "fast_dllm_v2", {"cache": "dual"}),
+    ("fast-dllm-v2", "fast_dllm_v2", {"cache": "dual", "sub_block_length": 2}),
 ]
 
 
@@ -373,8 +376,8 @@ def test_which_block_family_settings_join():
         return get_strategy(strategy).can_join(DiffusionGenerationConfig(strategy=strategy, **kw))
 
     assert joins("sdar") and joins("edit") and joins("fast_dllm_v2", cache="none")
-    assert not joins("fast_dllm_v2", cache="dual")  # the full-block refresh is chosen for the whole batch
-    assert joins("lopa") and joins("lopa", cache="dual") and not joins("d3llm", cache="prefix")
+    assert joins("fast_dllm_v2", cache="dual")  # each row chooses its own full-block or sub-block forward
+    assert joins("lopa") and joins("lopa", cache="dual") and joins("d3llm", cache="prefix")
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,9 @@ def _metric(url: str, name: str) -> float:
 
 
 async def _stream(client, prompt: str, events: dict, tag: str, **extra) -> str:
+    extra.setdefault("temperature", 0)
     stream = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
-                                                  temperature=0, stream=True, **extra)
+                                                  stream=True, **extra)
     text = []
     async for chunk in stream:
         for ch in chunk.choices:
@@ -38,6 +39,8 @@ async def _stream(client, prompt: str, events: dict, tag: str, **extra) -> str:
     ("d2f", {"max_tokens": 96}),  # the server's default kind of model and strategy
     ("threshold", {"max_tokens": 96, "extra_body": {"threshold": 1.0, "cache": "dual"}}),
     ("lopa", {"max_tokens": 96, "extra_body": {"strategy": "lopa", "lopa_branches": 2}}),  # D2F base rule
+    # d3LLM's delayed cache: each row refreshes on its own schedule (~1 token a forward)
+    ("d3llm", {"max_tokens": 96, "extra_body": {"strategy": "d3llm", "cache": "prefix", "entropy_threshold": 0.0}}),
 ])
 def test_request_arriving_mid_call_joins_it_and_streams_before_the_first_ends(serve, tmp_path_factory, kind, body):
     path = build_checkpoint(tmp_path_factory.mktemp(f"join-{kind}"), seed=5, block_causal=kind != "threshold",
@@ -73,11 +76,13 @@ def test_request_arriving_mid_call_joins_it_and_streams_before_the_first_ends(se
 
 
 def test_a_request_that_cannot_join_streams_from_a_batch_of_its_own(serve, tmp_path_factory):
-    """Cached d3LLM takes no rows into a running batch; with --join a second request starts its own batch at
-    once and the two are stepped in turn, so it streams before the first ends, with its own answer."""
+    """A seeded sampling request decodes in a batch of its own (its answer depends only on the request); with
+    --join a second one starts its own batch at once and the two are stepped in turn, so it streams before
+    the first ends, with its own answer."""
     path = build_checkpoint(tmp_path_factory.mktemp("join-d3llm"), seed=5, block_causal=True, stop_at_eos=False,
                             max_new_tokens=32)
-    body = {"max_tokens": 96, "extra_body": {"strategy": "d3llm", "cache": "prefix", "entropy_threshold": 0.0}}  # ~1 token a forward
+    body = {"max_tokens": 96, "temperature": 0.8, "seed": 7,
+            "extra_body": {"strategy": "d3llm", "cache": "prefix", "entropy_threshold": 0.0}}  # ~1 token a forward
     with serve(path, max_batch_size=4, batch_wait_ms=5, join=True) as (url, app):
         engine = app.state.dllm.engine
 
@@ -170,7 +175,7 @@ def test_admission_joins_in_arrival_order_within_the_batch_size_and_starts_other
 
 
 class _Closed(_Open):
-    """A running batch of a strategy that takes no rows mid-call (LoPA, cached d3LLM)."""
+    """A running batch of a strategy that takes no rows mid-call (classifier-free guidance)."""
 
     joinable = False
 
