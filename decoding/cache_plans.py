@@ -11,6 +11,10 @@
   fresh K/V replace the stale ones in place.
 
 ``refresh_interval`` makes the prefix and dual plans recompute everything every N steps inside a block.
+Rows that joined in the middle of a block count their own steps (``i`` is then a tensor, one step per
+row): a row refreshes at its own step 0, and one forward serves rows that refresh and rows that do not,
+the cache keeping for the latter what they would not feed alone
+(:meth:`~dllm.modeling.kv_cache.DiffusionKVCache.keeping`).
 ``dual_cache_step_bound`` reproduces upstream Fast-dLLM's dual-cache loop cap ``range(1, steps_per_block)``
 and, with it, upstream's block-start refresh filling masks that earlier blocks left behind
 (:meth:`DualCache.first_slot`).
@@ -24,9 +28,9 @@ from .runner import ModelRunner
 
 
 class CachePlan:
-    #: A row may join in the middle of a block: the plan's forwards are exact for every row whenever it
-    #: arrived (no cache, or the exact block cache). The prefix and dual caches refresh at block starts,
-    #: so a row joining mid-block would see other refreshes than alone: those join at block boundaries.
+    #: A row may join in the middle of a block and decode as alone: the plan's forwards are exact for every
+    #: row whenever it arrived (no cache, the exact block cache), or each row refreshes on its own steps (the
+    #: prefix and dual caches; not with ``dual_cache_step_bound``, whose loop cap is the batch's).
     joins_mid_block = False
 
     def __init__(self, model, cfg, state, runner: ModelRunner) -> None:
@@ -54,8 +58,14 @@ class CachePlan:
     def joined(self, shift: int, first_new_slot: int) -> None:
         """Rows joined: slot ``s`` is now ``s - shift``; the new rows' prompts start at ``first_new_slot``."""
 
-    def _refresh(self, i: int) -> bool:
-        return i == 0 or bool(self.cfg.refresh_interval and i % self.cfg.refresh_interval == 0)
+    def _refresh(self, i):
+        """Whether step ``i`` refreshes. ``i`` may be a tensor of the rows' own steps: then a bool where the
+        rows agree, else a bool tensor, one per row."""
+        every = self.cfg.refresh_interval
+        if not torch.is_tensor(i):
+            return i == 0 or bool(every and i % every == 0)
+        refresh = (i == 0) | ((i % every) == 0) if every else i == 0
+        return True if bool(refresh.all()) else False if not bool(refresh.any()) else refresh
 
 
 class Recompute(CachePlan):
@@ -109,12 +119,21 @@ class ExactBlocks(CachePlan):
 
 
 class PrefixCache(CachePlan):
+    joins_mid_block = True
+
     def __init__(self, model, cfg, state, runner) -> None:
         super().__init__(model, cfg, state, runner)
         self.cache = model.allocate_cache(state.key_valid, prompt_length=state.P)
 
     def forward(self, state, lo, s, e, i):
-        if self._refresh(i):
+        refresh = self._refresh(i)
+        if torch.is_tensor(refresh):  # rows that do not refresh keep their frozen prefix
+            keep = ~refresh[:, None] & (torch.arange(self.cache.capacity, device=state.x.device) < s)[None, :]
+            with self.cache.keeping(keep):
+                logits = self.runner.full(state.x, logits_from=s, cache=self.cache, **self.block_kw)[:, : e - s]
+            self.cache.length = s
+            return logits
+        if refresh:
             logits = self.runner.full(state.x, logits_from=s, cache=self.cache, **self.block_kw)[:, : e - s]
             self.cache.length = s  # keep the prefix only; the suffix is recomputed every step
             return logits
@@ -127,6 +146,7 @@ class DualCache(CachePlan):
         super().__init__(model, cfg, state, runner)
         self.cache = model.allocate_cache(state.key_valid, prompt_length=state.P)
         self.steps = cfg.steps_per_block()
+        self.joins_mid_block = not cfg.dual_cache_step_bound
 
     def first_slot(self, state, s, i):
         """With ``dual_cache_step_bound`` a block can end with masks left; upstream's next refresh forward
@@ -138,7 +158,13 @@ class DualCache(CachePlan):
         return s
 
     def forward(self, state, lo, s, e, i):
-        if self._refresh(i):
+        refresh = self._refresh(i)
+        if torch.is_tensor(refresh):  # rows that do not refresh keep their stale canvas outside the block
+            slots = torch.arange(self.cache.capacity, device=state.x.device)[None, :]
+            keep = ~refresh[:, None] & ((slots < s) | (slots >= e))
+            with self.cache.keeping(keep):
+                return self.runner.full(state.x, logits_from=lo, cache=self.cache, **self.block_kw)[:, : e - lo]
+        if refresh:
             return self.runner.full(state.x, logits_from=lo, cache=self.cache, **self.block_kw)[:, : e - lo]
         return self.runner.cached(state.x, start=s, end=e, cache=self.cache, mode="replace", **self.block_kw)
 

@@ -285,5 +285,12 @@ class DecodeSession:
         return self.state.num_rows + len(self.state.incoming)
 
     @property
+    def admits_now(self) -> bool:
+        """Whether rows added now are decoded from the next step on: a joinable batch whose loop is at a join
+        point (every step for most strategies; at block boundaries for semi-AR schedules and caches that
+        refresh per block, ``sdar``, ``fast_dllm_v2`` and LoPA on the threshold rule)."""
+        return self.joinable and (self.state is None or self.state.join_ready)
+
+    @property
     def forwards(self) -> int:
         return 0 if self.state is None else self.state.forward_calls

@@ -7,7 +7,8 @@ points (without joining it runs exactly as a plain batch):
 * semi-AR (``vanilla``, ``threshold``, ``factor``, Dream's ``entropy``/``margin``/``maskgit_plus``;
   caches ``none``/``prefix``/``dual`` and the exact block cache of block-causal models): at every
   block boundary, and after every step where policy and plan allow it (``joins_mid_block``:
-  ``threshold``/``factor`` without a cache or with the exact block cache). A new row's prompt is
+  ``threshold``/``factor`` with any cache, the dual cache without ``dual_cache_step_bound``; with the
+  prefix and dual caches a joined row refreshes on its own steps). A new row's prompt is
   placed so that it *ends* at the current block start, so its generated blocks coincide with the
   batch's block grid.
 * D2F pipeline (block-causal models): before every forward. Rows keep their own block grids, so a

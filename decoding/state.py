@@ -81,6 +81,9 @@ class DecodeState:
                                mask_id=mask_id, fill_id=self.fill_id)
         # continuous batching (see admit): whether this call's loop takes new rows, and those waiting
         self.joining = False
+        # a joinable loop's answer, at each yield: do rows added now join before the next forward? (False while
+        # a loop that takes rows at block boundaries is inside a block)
+        self.join_ready = True
         self.join_max_spread_blocks: float | None = None
         self.incoming: list[tuple[list[int], dict]] = []
         self.gstart: torch.Tensor | None = None

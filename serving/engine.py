@@ -14,9 +14,13 @@ postprocess**:
   ``batch_wait`` (or, after a batch, for as many requests as it had, up to ``10 x batch_wait``); a
   request whose settings match a running batch (that it cannot join) starts with the next batch of
   those settings, when the running one ends, while requests of other settings may start meanwhile:
-  same-settings work is not split into small batches. With joining on (``join``), a request whose
-  strategy cannot join a running batch (LoPA on a third-party branch executor, classifier-free guidance) starts a batch
-  of its own at once instead, so every request streams after at most one step of each running batch. A request that samples (temperature > 0) with a ``seed`` runs in a
+  same-settings work is not split into small batches. With joining on (``join``), a request joins a
+  running batch of its settings only where that batch decodes it from its next step
+  (``DecodeSession.admits_now``: every step for most strategies, block boundaries for semi-AR schedules
+  and caches that refresh per block, ``sdar``, ``fast_dllm_v2`` and LoPA on the threshold rule); otherwise
+  (and for strategies that never join: classifier-free guidance, LoPA on a third-party branch executor)
+  it starts a batch of its own at once, so every request streams after at most one step of each
+  running batch. A request that samples (temperature > 0) with a ``seed`` runs in a
   batch of its own, so its output depends only on the request.
 * **run**: one ``step()`` of the next batch in turn (round robin): one forward and its commits. A
   large request therefore holds the decoder for one step at a time, and a small request that arrives
@@ -424,7 +428,7 @@ class Engine:
         if req.key[1] is not None:
             return None
         for run in self._running:
-            if (run.key == req.key and run.batch.joinable and not run.batch.finished()
+            if (run.key == req.key and run.batch.admits_now and not run.batch.finished()
                     and run.open_rows + len(req.rows) <= self.max_batch_size):
                 return run
         return None
@@ -442,12 +446,13 @@ class Engine:
                         group.append(req)
                         rows += len(req.rows)
             same = [run for run in self._running if run.key == head.key]
-            if rows < self.max_batch_size and same and not (self.join and not any(r.batch.joinable for r in same)):
+            if rows < self.max_batch_size and same and not (self.join and not any(r.batch.admits_now for r in same)):
                 # a batch of its settings is running: it starts with the next one, when that ends (or joins
                 # it, where joining is on), so same-settings work is not split into small batches; requests
-                # of other settings may start meanwhile. With joining on, settings whose strategy cannot take
-                # rows mid-call (guidance, ...) start a batch of their own at once instead, stepped
-                # in turn with the running one: latency first, as joining is
+                # of other settings may start meanwhile. With joining on, a request that no running batch of
+                # its settings would decode from its next step (guidance; a loop inside a block it joins
+                # only at the block's end) starts a batch of its own at once instead, stepped in turn with
+                # the running one: latency first, as joining is
                 continue
             ready_at = self._ready_at(head, rows)
             if ready_at <= now:

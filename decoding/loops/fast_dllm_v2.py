@@ -122,6 +122,7 @@ def decode_fast_dllm_v2(model, state: DecodeState, gen: torch.Generator | None):
     if bool((cur == P).any()):
         next_token(torch.full_like(cur, P), cur == P)
         retire()
+        state.join_ready = False
         yield
     while state.live:
         lo = int(cur.min())
@@ -154,6 +155,9 @@ def decode_fast_dllm_v2(model, state: DecodeState, gen: torch.Generator | None):
                 transfer = (candidates & (conf > cfg.threshold)) | select_best(conf, candidates)
                 state.commit(lo, transfer & need[:, None], x0)
                 retire()
+                if state.joining:  # rows join once every row's block is done
+                    block = windows(cur, 0, B, lo, hi) & (torch.arange(lo, hi, device=dev)[None, :] < budget[:, None])
+                    state.join_ready = not bool((state.masked(lo, hi) & block).any())
                 yield
         if not state.live and not state.joining:
             break
@@ -166,6 +170,7 @@ def decode_fast_dllm_v2(model, state: DecodeState, gen: torch.Generator | None):
         built = torch.zeros_like(cur, dtype=torch.bool)  # a new block (and maybe new rows)
         next_token(cur, torch.ones_like(cur, dtype=torch.bool))
         retire()
+        state.join_ready = False  # a block starts
         yield
     return {"forward_seconds": runner.forward_seconds, "forwards": runner.forwards}
 

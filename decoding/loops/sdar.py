@@ -97,6 +97,8 @@ def decode_sdar(model, state: DecodeState, gen: torch.Generator | None):
                 cur, budget, window, step = cur[keep], budget[keep], window[keep], step[keep]
                 runner.select_rows(keep)
                 cache = cache.select_rows(keep)
+            if state.joining:  # rows join once this block ends
+                state.join_ready = not bool((state.masked(lo, hi) & window).any())
             yield
     return {"forward_seconds": runner.forward_seconds, "forwards": runner.forwards}
 

@@ -312,6 +312,9 @@ def _decode_semi_ar(model, state: DecodeState, gen, factory):
                     looks = [[(s + o, t, c) for o, t, c in row] for row in found]
                 else:
                     looks = [[] for _ in range(state.live)]
+                if state.joining:  # rows join once this block ends
+                    state.join_ready = not bool(state.masked(s, e).any()) or (
+                        cfg.cache == "dual" and cfg.dual_cache_step_bound and i >= spb)
                 yield
             s = e
     finally:

@@ -98,9 +98,9 @@ def test_joined_rows_equal_their_single_runs(model, bc_model, eos_bc_model, drea
             late = True
     # every row joined mid-call and got the next row indices in order
     assert [first for first, _ in added] == [2, 3, 5][: len(added)]
-    # threshold/factor without a cache or with the exact block cache join mid-block: the early rows then
+    # threshold/factor join mid-block (with any cache; a joined row refreshes on its own steps): the early rows then
     # share the first rows' block grid and may all end together (no late join)
-    mid_block = getattr(get_strategy(strategy).policy, "joins_mid_block", False) and cache == "none"
+    mid_block = getattr(get_strategy(strategy).policy, "joins_mid_block", False)
     if not (stop_at_eos and which == "eos_block_causal"):  # there, every row may be gone already
         assert (late or mid_block) and all(live > 0 for _, live in added), (late, added, steps)
     out = session.output()
@@ -471,3 +471,84 @@ def test_lopa_with_a_branch_executor_takes_no_rows_once_running(lopa_models):
     with pytest.raises(GenerationConfigError, match="branch executor"):
         session.add_rows([_vocab_ids(3, 2)])
     assert session.run().sequences.shape[0] == 1
+
+
+@pytest.mark.parametrize("which,kw", [
+    ("bidirectional", {"strategy": "vanilla"}),  # joins at block boundaries
+    ("bidirectional", {"strategy": "threshold", "cache": "dual", "threshold": 0.7, "dual_cache_step_bound": True}),
+    ("bidirectional", {"strategy": "entropy", "cache": "dual"}),
+    ("bidirectional", {"strategy": "threshold", "threshold": 0.7}),  # joins after any step
+    ("bidirectional", {"strategy": "threshold", "cache": "dual", "threshold": 0.7}),
+    ("block_causal", {"strategy": "d2f", "skip_threshold": 0.6}),
+    ("block_causal", {"strategy": "threshold", "cache": "prefix", "threshold": 0.7}),
+])
+def test_admits_now_says_whether_the_next_step_decodes_a_row_added_now(model, bc_model, which, kw):
+    """A server joins a request into a running batch only where ``admits_now`` holds; it must be exact both ways:
+    a row added while it holds is live after the next step, one added while it does not still waits."""
+    m = model if which == "bidirectional" else bc_model
+    cfg = m.diffusion_generation_config.replace(max_new_tokens=G, block_length=B, stop_at_eos=False, **kw)
+    seen = set()
+    for probe in range(1, 8):  # add one row after step `probe`, then check what the next step did with it
+        session = DecodeSession(m, cfg, joinable=True)
+        session.add_rows(INITIAL)
+        for _ in range(probe):
+            session.step()
+        if session.finished():
+            break
+        ready = session.admits_now
+        seen.add(ready)
+        session.add_rows([_ids(6, 10 + probe)])
+        session.step()
+        assert (not session.state.incoming) == ready, (probe, ready)
+    mid_block = kw["strategy"] == "d2f" or (kw["strategy"] == "threshold" and not kw.get("dual_cache_step_bound"))
+    assert seen == ({True} if mid_block else {True, False}), seen
+
+
+@pytest.mark.parametrize("family,strategy,extra", [("sdar", "sdar", {}), ("fast-dllm-v2", "fast_dllm_v2", {}),
+                                                   ("fast-dllm-v2", "fast_dllm_v2", {"cache": "dual"})])
+def test_admits_now_holds_at_the_block_boundaries_of_position_grid_decoders(block_models, family, strategy, extra):
+    m = block_models[family]
+    cfg = DiffusionGenerationConfig(strategy=strategy, max_new_tokens=16, block_length=m.spec.block_size,
+                                    temperature=0.0, stop_at_eos=False, mask_token_id=3, eos_token_id=2,
+                                    threshold=0.9, **extra)
+    initial = [_vocab_ids(5, 1), _vocab_ids(8, 2)]
+    seen = set()
+    for probe in range(1, 10):
+        session = DecodeSession(m, cfg, joinable=True)
+        session.add_rows(initial)
+        for _ in range(probe):
+            session.step()
+        if session.finished():
+            break
+        ready = session.admits_now
+        seen.add(ready)
+        session.add_rows([_vocab_ids(6, 10 + probe)])
+        session.step()
+        assert (not session.state.incoming) == ready, (probe, ready)
+    assert seen == {True, False}
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+@pytest.mark.parametrize("refresh_interval", [None, 2])
+def test_rows_joining_mid_block_refresh_on_their_own_steps(model, monkeypatch, cache, refresh_interval):
+    """With the prefix and dual caches a row that joins inside a block refreshes at its own step 0 (and every
+    refresh_interval of its own steps) while the others take their cached steps, in one forward."""
+    from dllm.modeling.kv_cache import DiffusionKVCache
+
+    mixed = []
+    keeping = DiffusionKVCache.keeping
+    monkeypatch.setattr(DiffusionKVCache, "keeping", lambda self, keep: (mixed.append(keep is not None),
+                                                                         keeping(self, keep))[1])
+    cfg = model.diffusion_generation_config.replace(max_new_tokens=G, block_length=B, strategy="threshold", cache=cache,
+                                                    threshold=0.7, stop_at_eos=False, refresh_interval=refresh_interval,
+                                                    return_dict_in_generate=True)
+    prompts = [_ids(5, 1), _ids(9, 2), _ids(7, 3), _ids(12, 4)]
+    session = DecodeSession(model, cfg, joinable=True)
+    session.add_rows(prompts[:2])
+    session.step()
+    session.add_rows([prompts[2]])
+    session.step()
+    session.add_rows([prompts[3]])
+    out = session.run()
+    assert any(mixed)  # some forward served refreshing and cached rows at once
+    _assert_rows_equal_single_runs(model, cfg, out, prompts, G)

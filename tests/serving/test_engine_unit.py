@@ -39,7 +39,7 @@ class Scripted:
 
 
 class _Session:
-    joinable = False
+    joinable = admits_now = False
 
     def __init__(self, script: Scripted, streamer, criteria) -> None:
         self.script, self.streamer, self.criteria = script, streamer, criteria

@@ -115,7 +115,7 @@ def test_a_request_that_cannot_join_streams_from_a_batch_of_its_own(serve, tmp_p
 class _Open:
     """A running batch that takes every row (the scheduler's view of one)."""
 
-    joinable, live = True, 0
+    joinable, admits_now, live = True, True, 0
 
     def __init__(self, *a, **k):
         self.prompts = []
@@ -177,7 +177,46 @@ def test_admission_joins_in_arrival_order_within_the_batch_size_and_starts_other
 class _Closed(_Open):
     """A running batch of a strategy that takes no rows mid-call (classifier-free guidance)."""
 
-    joinable = False
+    joinable = admits_now = False
+
+
+class _InsideABlock(_Open):
+    """A running batch that takes rows only at its next block boundary, not at its next step."""
+
+    admits_now = False
+
+
+def test_with_joining_on_a_request_starts_its_own_batch_rather_than_wait_for_a_block_boundary():
+    """--join: a request joins a running batch of its settings only where that batch decodes it from its next
+    step; inside a block of a loop that admits rows at block boundaries it starts a batch of its own at
+    once (it streams after one step), and once the batch is at a join point the next one joins it."""
+    from dllm.generation import DiffusionGenerationConfig
+    from dllm.serving.engine import Engine
+    from dllm.serving.testing import WORDS
+    from dllm.tokenization import build_tokenizer
+
+    cfg = DiffusionGenerationConfig(strategy="threshold", cache="dual", max_new_tokens=16, block_length=8)
+
+    async def main():
+        made = []
+
+        def factory(*a, **k):
+            made.append(_InsideABlock())
+            return made[-1]
+
+        e = Engine(None, build_tokenizer([WORDS]), session_factory=factory, max_batch_size=8, join=True)
+        first = e.submit([[4]], n=1, cfg=cfg, max_tokens=8)
+        now = time.monotonic()
+        _admit(e, now + 1)
+        second = e.submit([[5]], n=1, cfg=cfg, max_tokens=8)
+        _admit(e, now + 2)
+        assert [r.requests for r in e._running] == [[first], [second]] and e._pending == []
+        made[0].admits_now = True  # the first batch reached a block boundary
+        third = e.submit([[6]], n=1, cfg=cfg, max_tokens=8)
+        _admit(e, now + 3)
+        assert [r.requests for r in e._running] == [[first, third], [second]]
+
+    asyncio.run(main())
 
 
 def test_with_joining_on_settings_that_cannot_join_start_a_batch_of_their_own_at_once():
