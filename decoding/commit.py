@@ -30,7 +30,7 @@ class CommitPolicy:
 
     def choose(self, logits: torch.Tensor, gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
-        return llada_choice(logits, temperature=cfg.temperature, remasking=cfg.remasking, generator=gen,
+        return llada_choice(logits, temperature=self.state.temperature(), remasking=cfg.remasking, generator=gen,
                             top_p=cfg.top_p, top_k=cfg.top_k)
 
     def start_block(self, masked: torch.Tensor) -> None:

@@ -23,12 +23,24 @@ def _fused(logits: torch.Tensor, top_p: float | None = None, top_k: int | None =
     return kernels.confidence_stats_triton if kernels.use_triton_kernels(logits.device) else None
 
 
-def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+def row_column(temperature: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Per-row values ([rows] or [rows, 1]) shaped to broadcast over ``like`` [rows, ...] (float64)."""
+    return temperature.to(torch.float64).reshape(-1, *([1] * (like.dim() - 1)))
+
+
+def gumbel_argmax(logits: torch.Tensor, temperature: float | torch.Tensor,
+                  generator: torch.Generator | None) -> torch.Tensor:
     """LLaDA's float64 Gumbel-max: argmax(exp(l) / (-log U)^T) is an exact sample of softmax(l / T).
 
     float64 on purpose: low-precision Gumbel noise measurably hurts masked-diffusion sampling
-    (arXiv:2409.02908). At temperature 0 this is a plain argmax.
+    (arXiv:2409.02908). At temperature 0 this is a plain argmax. ``temperature`` may be one value per
+    row (a tensor): rows at 0 then take the plain argmax of the float64 logits (the same token).
     """
+    if torch.is_tensor(temperature):
+        t = row_column(temperature, logits)
+        l64 = logits.double()
+        u = torch.rand(l64.shape, dtype=torch.float64, device=l64.device, generator=generator)
+        return torch.where(t >= GREEDY_BELOW, l64 - t * torch.log(-torch.log(u)), l64).argmax(-1)
     if temperature < GREEDY_BELOW:
         return logits.argmax(-1)
     l64 = logits.double()
@@ -57,7 +69,7 @@ def filter_top_p_top_k(logits: torch.Tensor, top_p: float | None, top_k: int | N
 def llada_choice(
     logits: torch.Tensor,
     *,
-    temperature: float,
+    temperature: float | torch.Tensor,
     remasking: str,
     generator: torch.Generator | None,
     top_p: float | None = None,
@@ -66,9 +78,11 @@ def llada_choice(
     """(token, confidence) as LLaDA / Fast-dLLM choose them.
 
     The token is a Gumbel-max sample (argmax at T=0); its confidence is its probability under the
-    noise-free float64 softmax (``low_confidence``) or U(0,1) (``random``).
+    noise-free float64 softmax (``low_confidence``) or U(0,1) (``random``). ``temperature`` may be one
+    value per row (a [rows, 1] tensor: ``DecodeState.temperature``).
     """
-    if remasking in ("low_confidence", "random") and (kernel := _fused(logits, top_p, top_k)) is not None:
+    if (remasking in ("low_confidence", "random") and not torch.is_tensor(temperature)
+            and (kernel := _fused(logits, top_p, top_k)) is not None):
         # Same randomness as gumbel_argmax: the same torch.rand draw, consumed by the kernel.
         noise = None
         if temperature >= GREEDY_BELOW:
@@ -161,7 +175,7 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
     return -torch.where(logp > float("-inf"), logp.exp() * logp, torch.zeros_like(logp)).sum(-1)
 
 
-def neg_entropy(logits: torch.Tensor, *, temperature: float, top_p: float | None, top_k: int | None) -> torch.Tensor:
+def neg_entropy(logits: torch.Tensor, *, temperature: float | torch.Tensor, top_p: float | None, top_k: int | None) -> torch.Tensor:
     """``sum p log p`` (<= 0, higher = more certain) of the distribution tokens are drawn from, float64.
 
     Dream's ``neg_entropy`` confidence (the reference's LoPA ranking for D2F-Dream): the logits are
@@ -170,7 +184,7 @@ def neg_entropy(logits: torch.Tensor, *, temperature: float, top_p: float | None
     return -entropy(_sampling_logits(logits, temperature, top_p, top_k)).double()
 
 
-def margin(logits: torch.Tensor, *, temperature: float, top_p: float | None, top_k: int | None) -> torch.Tensor:
+def margin(logits: torch.Tensor, *, temperature: float | torch.Tensor, top_p: float | None, top_k: int | None) -> torch.Tensor:
     """Top-1 minus top-2 probability (higher = more certain) of the distribution tokens are drawn
     from, float64: the references' ``margin`` ranking (D2F-eval ``margin_confidence``, LoPA ``margin``)."""
     probs = torch.softmax(_sampling_logits(logits, temperature, top_p, top_k).float(), dim=-1)
@@ -178,7 +192,7 @@ def margin(logits: torch.Tensor, *, temperature: float, top_p: float | None, top
     return (top2[..., 0] - top2[..., 1]).double()
 
 
-def ranking_confidence(kind: str, logits: torch.Tensor, conf: torch.Tensor, *, temperature: float,
+def ranking_confidence(kind: str, logits: torch.Tensor, conf: torch.Tensor, *, temperature: float | torch.Tensor,
                        top_p: float | None, top_k: int | None) -> torch.Tensor:
     """The confidence a rule ranks positions by: ``prob`` is ``conf`` itself (the chosen token's
     probability), ``neg_entropy`` and ``margin`` are computed from ``logits`` as the references'
@@ -192,9 +206,14 @@ def ranking_confidence(kind: str, logits: torch.Tensor, conf: torch.Tensor, *, t
     raise ValueError(f"ranking {kind!r}; valid: {', '.join(RANKINGS)}")
 
 
-def _sampling_logits(logits: torch.Tensor, temperature: float, top_p: float | None, top_k: int | None) -> torch.Tensor:
-    """The logits tokens are drawn from: tempered (T > 0), then top-p / top-k filtered."""
-    if temperature >= GREEDY_BELOW:
+def _sampling_logits(logits: torch.Tensor, temperature: float | torch.Tensor, top_p: float | None,
+                     top_k: int | None) -> torch.Tensor:
+    """The logits tokens are drawn from: tempered (T > 0; one T per row for a tensor), then top-p / top-k
+    filtered."""
+    if torch.is_tensor(temperature):
+        t = row_column(temperature, logits).to(logits.dtype)
+        logits = torch.where(t >= GREEDY_BELOW, logits / t.clamp(min=GREEDY_BELOW), logits)
+    elif temperature >= GREEDY_BELOW:
         logits = logits / temperature
     if top_p is not None or top_k is not None:
         logits = filter_top_p_top_k(logits, top_p, top_k)

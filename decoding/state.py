@@ -66,6 +66,8 @@ class DecodeState:
         self.forward_calls = 0  # count_forward calls: an upper bound of every row's nfe, known on the host
         self.step_map = torch.full((b, g), -1, dtype=torch.long, device=dev)
         self.row_values = {k: torch.as_tensor(v, device=dev).reshape(b) for k, v in (row_values or {}).items()}
+        # some row samples (temperature > 0): set once, from the host values, so no step syncs to ask
+        self.may_sample = _samples(cfg.temperature, (row_values or {}).get("temperature"))
         from .streaming import BatchStreamer
 
         self.batch_streamer = streamer if isinstance(streamer, BatchStreamer) else None
@@ -100,6 +102,12 @@ class DecodeState:
 
     def masked(self, start: int, end: int) -> torch.Tensor:
         return self.x[:, start:end] == self.mask_id
+
+    def temperature(self):
+        """The sampling temperature: the config's, or a [live, 1] column where rows set their own and one
+        of them samples (a batch of greedy rows keeps the plain argmax, with no noise drawn)."""
+        t = self.option("temperature")
+        return t if not torch.is_tensor(t) or self.may_sample else 0.0
 
     def option(self, name: str):
         """``name``'s value: a [live, 1] column where rows have their own values, else the config's."""
@@ -312,6 +320,8 @@ class DecodeState:
         for name, values in self.row_values.items():
             new = [v.get(name, getattr(self.cfg, name)) for _, v in incoming]
             self.row_values[name] = torch.cat([values, torch.tensor(new, dtype=values.dtype, device=dev)])
+            if name == "temperature":
+                self.may_sample = self.may_sample or _samples(0.0, new)
         self.num_rows += n
         return n, left
 
@@ -321,3 +331,13 @@ class DecodeState:
         if self.streamer is not None:
             self.streamer.end()
         return self.outputs.result(total_seconds=total_seconds, forward_seconds=forward_seconds, stats=stats)
+
+
+def _samples(default: float, values) -> bool:
+    """Whether a batch with config temperature ``default`` and per-row ``values`` (host numbers, a tensor on
+    the host, or None) samples any row."""
+    from .kernels.confidence import GREEDY_BELOW
+
+    if values is None:
+        return default >= GREEDY_BELOW
+    return any(float(v) >= GREEDY_BELOW for v in (values.tolist() if torch.is_tensor(values) else values))

@@ -74,12 +74,13 @@ _SEMI_AR = dict(loop=decode_semi_ar, joins_rows=True, exact_replay=True)
 BUILTIN = [
     Strategy("vanilla", summary="LLaDA semi-AR decoding: a fixed per-block token quota over `steps`",
              options=_LLADA | {"steps", "cfg_scale"}, policy=Quota, guidance=True, validate=_vanilla_steps,
-             threshold_option=None, **_SEMI_AR),
+             threshold_option=None, row_options=frozenset({"temperature"}), **_SEMI_AR),
     Strategy("threshold", summary="Fast-dLLM: commit every masked token with confidence >= threshold (+ the best)",
-             options=_LLADA | {"threshold"}, policy=Threshold, row_options=frozenset({"threshold"}),
+             options=_LLADA | {"threshold"}, policy=Threshold, row_options=frozenset({"threshold", "temperature"}),
              batches_as=_threshold_as_d2f, **_SEMI_AR),
     Strategy("factor", summary="Fast-dLLM factor rule: accept the k best while c_k >= 1 - factor/(k+1)",
-             options=_LLADA | {"factor"}, policy=Factor, threshold_option=None, **_SEMI_AR),
+             options=_LLADA | {"factor"}, policy=Factor, threshold_option=None,
+             row_options=frozenset({"temperature"}), **_SEMI_AR),
     *(Strategy(policy.alg, summary=f"Dream: timestep schedule, positions ranked by {rank}",
                options=_CACHED | {"steps", "eps", "alg_temp"}, policy=policy, threshold_option=None, **_SEMI_AR)
       for policy, rank in ((Entropy, "negative entropy"), (Margin, "top1 - top2 probability"),
@@ -92,7 +93,8 @@ BUILTIN = [
              "D2F: pipelined multi-block decoding with an exact block KV cache (tau_add/tau_act/tau_conf)", _D2F,
              policy=D2FRule, requires_block_causal=True, joins_rows=True, exact_replay=True,
              threshold_option="skip_threshold",
-             row_options=frozenset({"skip_threshold", "block_add_threshold", "decoded_token_threshold"})),
+             row_options=frozenset({"skip_threshold", "block_add_threshold", "decoded_token_threshold",
+                                    "temperature"})),
     Strategy("edit", decode_edit,
              "LLaDA2.1 token editing (SGLang's joint_threshold): commit masks above threshold (M2T) and "
              "replace committed tokens of the current block the model now prefers above editing_threshold (T2T)",

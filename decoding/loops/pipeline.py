@@ -176,10 +176,11 @@ class D2FRule:
 
     def choose(self, logits, gen):
         cfg = self.cfg
-        x0, conf = llada_choice(logits, temperature=cfg.temperature, remasking="low_confidence", generator=gen,
+        temperature = self.state.temperature()
+        x0, conf = llada_choice(logits, temperature=temperature, remasking="low_confidence", generator=gen,
                                 top_p=cfg.top_p, top_k=cfg.top_k)
         self.conf = conf
-        self.rank = ranking_confidence(cfg.d2f_confidence, logits, conf, temperature=cfg.temperature,
+        self.rank = ranking_confidence(cfg.d2f_confidence, logits, conf, temperature=temperature,
                                        top_p=cfg.top_p, top_k=cfg.top_k)
         return x0
 

@@ -93,13 +93,13 @@ def test_which_settings_share_a_batch(bc_model):
     # options the batch's strategy ignores do not split batches; those it reads do
     assert key(bc_model, strategy="d2f", cache="dual", factor=2.0) == key(bc_model, strategy="d2f")
     assert key(bc_model, strategy="d2f", d2f_confidence="margin") != key(bc_model, strategy="d2f")
-    assert key(bc_model, strategy="d2f", temperature=0.5) != key(bc_model, strategy="d2f")
+    assert key(bc_model, strategy="d2f", top_p=0.5) != key(bc_model, strategy="d2f")
     assert key(bc_model, strategy="d2f", steps=8) != key(bc_model, strategy="d2f")  # every step limit reads it
     # threshold rows keep their own loop where a d2f row would decode differently
     for m, kw in ((tiny, {}), (bc_model, {"cache": "dual"}), (bc_model, {"stop_at_eos": False}),
                   (bc_model, {"remasking": "random"}), (bc_model, {"threshold": 0.0})):
         form = batch_form(m, m.diffusion_generation_config.replace(**BASE, strategy="threshold", **kw))
-        assert form.cfg.strategy == "threshold" and set(form.row_values) == {"threshold"}, kw
+        assert form.cfg.strategy == "threshold" and set(form.row_values) == {"threshold", "temperature"}, kw
     assert key(tiny, strategy="threshold", threshold=0.5) == key(tiny, strategy="threshold", threshold=0.9)
 
 
@@ -107,3 +107,39 @@ def test_a_block_family_model_batches_threshold_with_d2f():
     m = tiny_block_model("sdar", block_size=B)
     form = batch_form(m, m.diffusion_generation_config.replace(**BASE, strategy="threshold"))
     assert form.cfg.strategy == "d2f"
+
+
+@pytest.mark.parametrize("strategy", ["threshold", "d2f", "vanilla"])
+def test_rows_with_their_own_temperatures_share_a_batch(bc_model, strategy):
+    """Greedy rows decode as alone beside a sampling row (their plain argmax, no noise); a batch of greedy rows
+    draws no noise at all."""
+    cfg = bc_model.diffusion_generation_config.replace(**BASE, strategy=strategy, stop_at_eos=False)
+    prompts = [_ids(5, 1), _ids(9, 2), _ids(7, 3)]
+    temps = [0.0, 1.0, 0.0]
+    session = DecodeSession(bc_model, cfg, joinable=True)
+    session.add_rows(prompts[:2], temperature=temps[:2])
+    session.step()
+    session.add_rows(prompts[2:], temperature=temps[2])
+    out = session.run()
+    assert session.state.may_sample
+    for i, (p, t) in enumerate(zip(prompts, temps)):
+        if t == 0.0:
+            single = bc_model.generate(torch.tensor([p]), **BASE, strategy=strategy, stop_at_eos=False)
+            assert torch.equal(out.sequences[i, -G:], single.sequences[0, -G:]), i
+            assert int(out.num_forwards[i]) == int(single.num_forwards[0])
+    assert bool((out.sequences[1, -G:] != bc_model.config.mask_token_id).all())  # the sampled row completed
+
+    greedy = DecodeSession(bc_model, cfg, joinable=True)
+    greedy.add_rows(prompts, temperature=0.0)
+    greedy.step()
+    assert torch.is_tensor(greedy.state.option("temperature")) and not greedy.state.may_sample
+    assert greedy.state.temperature() == 0.0
+
+
+def test_temperature_does_not_split_batches_but_a_seed_does(bc_model):
+    def form(**kw):
+        return batch_form(bc_model, bc_model.diffusion_generation_config.replace(**BASE, **kw))
+
+    assert form(strategy="d2f", temperature=0.7).key == form(strategy="threshold", temperature=0.0).key
+    assert form(strategy="d2f", temperature=0.7).row_values["temperature"] == 0.7
+    assert form(strategy="d2f", seed=3).key != form(strategy="d2f").key  # a seed is shared, never per row

@@ -147,13 +147,15 @@ def test_different_settings_and_seeded_sampling_run_apart():
                     e.submit([[7]], n=1, cfg=CFG, max_tokens=4),
                     e.submit([[7]], n=1, cfg=CFG.replace(block_length=4), max_tokens=4),
                     e.submit([[8]], n=1, cfg=sampled.replace(seed=1), max_tokens=8, isolated=True),
-                    e.submit([[9]], n=1, cfg=sampled.replace(seed=1), max_tokens=8, isolated=True)]
+                    e.submit([[9]], n=1, cfg=sampled.replace(seed=1), max_tokens=8, isolated=True),
+                    e.submit([[9]], n=1, cfg=sampled, max_tokens=8)]  # unseeded: temperature is per row
             await asyncio.gather(*[_drain(r) for r in reqs])
         finally:
             e.stop()
-        assert sorted(fake.calls) == [1, 1, 1, 4]  # {req0 x2, req1, req2}, {req3}, {req4}, {req5}
-        shared = next(v for n, v in zip(fake.calls, fake.values) if n == 4)
-        assert shared == {"threshold": [CFG.threshold, CFG.threshold, 0.5, CFG.threshold]}
+        assert sorted(fake.calls) == [1, 1, 1, 5]  # {req0 x2, req1, req2, req6}, {req3}, {req4}, {req5}
+        shared = next(v for n, v in zip(fake.calls, fake.values) if n == 5)
+        assert shared == {"threshold": [CFG.threshold, CFG.threshold, 0.5, CFG.threshold, CFG.threshold],
+                          "temperature": [CFG.temperature] * 4 + [0.7]}
 
     asyncio.run(main())
 
