@@ -144,7 +144,7 @@ class RowPlan:
             earlier_active = earlier_active or b.state == ACTIVE
 
 
-def row_column(state, name: str) -> list[float]:
+def per_row(state, name: str) -> list[float]:
     """One value of option ``name`` per live row (the rows' own values, else the config's)."""
     value = state.option(name)
     return value[:, 0].tolist() if torch.is_tensor(value) else [value] * state.live
@@ -341,7 +341,7 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None):
         if not state.live:
             break
         # 1-2: append and activate, per row (with its own tau_add / tau_act where rows set them)
-        taus = zip(row_column(state, "block_add_threshold"), row_column(state, "decoded_token_threshold"))
+        taus = zip(per_row(state, "block_add_threshold"), per_row(state, "decoded_token_threshold"))
         for r, (plan, (tau_add, tau_act)) in enumerate(zip(plans, taus)):
             plan.append_and_activate(state.x[r], cfg, mask_id, tau_add, tau_act)
         # 3: rows with nothing left to decode are finished
