@@ -287,9 +287,8 @@ class DecodeSession:
     @property
     def admits_now(self) -> bool:
         """Whether rows added now are decoded from the next step on: a joinable batch whose loop is at a join
-        point: every step for most strategies; at block boundaries for the semi-AR schedules (``vanilla``,
-        Dream's), ``sdar``, ``fast_dllm_v2`` and LoPA on the threshold rule; with ``join_max_spread_blocks``,
-        while the windows of ``d2f`` (and LoPA on it) stay inside the bound."""
+        point (every step for most strategies; at block boundaries for semi-AR schedules and caches that
+        refresh per block, ``sdar``, ``fast_dllm_v2`` and LoPA on the threshold rule)."""
         return self.joinable and (self.state is None or self.state.join_ready)
 
     @property

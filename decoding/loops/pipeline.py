@@ -377,8 +377,5 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None):
             p.mark_done(state.x[r], mask_id, p.forwards)
             p.retire_finished(state.x[r], mask_id)
         keep_rows(state.pop_finished())
-        if join and state.join_max_spread_blocks is not None:  # the next poll places rows only inside the bound
-            state.join_ready = may_join(state, place_at=min((p.feed_start() for p in plans), default=0),
-                                        window_end=max((p.end for p in plans), default=0), block=B)
         yield
     return {"forward_seconds": runner.forward_seconds, "forwards": runner.forwards, "steps": steps}

@@ -222,9 +222,6 @@ def _decode_block_causal(model, state: DecodeState, gen, factory):
                 looks = [[(start + o, t, c) for o, t, c in row] for row in top_lookaheads(rank, x0, cand, K)]
             else:
                 looks = [[] for _ in plans]
-            if join and state.join_max_spread_blocks is not None:  # the next round places rows only inside it
-                state.join_ready = may_join(state, place_at=min((p.feed_start() for p in plans), default=0),
-                                            window_end=max((p.end for p in plans), default=0), block=B)
             yield
     finally:
         ex.close()
