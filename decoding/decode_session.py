@@ -287,8 +287,11 @@ class DecodeSession:
     @property
     def admits_now(self) -> bool:
         """Whether rows added now are decoded from the next step on: a joinable batch whose loop is at a join
-        point (every step for most strategies; at block boundaries for semi-AR schedules and caches that
-        refresh per block, ``sdar``, ``fast_dllm_v2`` and LoPA on the threshold rule)."""
+        point: every step for most strategies; at block boundaries for the semi-AR schedules (``vanilla``,
+        Dream's), ``sdar``, ``fast_dllm_v2`` and LoPA on the threshold rule. ``d2f`` with
+        ``join_max_spread_blocks`` admits rows at every step, but places them only while the windows stay
+        inside the bound (until then they wait in the batch: the bound trades first-token latency for
+        throughput)."""
         return self.joinable and (self.state is None or self.state.join_ready)
 
     @property

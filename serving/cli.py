@@ -56,8 +56,8 @@ def serve(
                                         help="Before a batch that is not full, wait until no request arrived for this "
                                              "long (and at most 10x this for the clients of the last batch)."),
     join: bool = typer.Option(False, "--join/--no-join",
-                              help="Continuous batching (off by default; measured slower for short answers): waiting requests join the running generate call at its next "
-                                   "block boundary (semi-AR) or forward (d2f); --no-join: only between calls."),
+                              help="Continuous batching (off by default; measured slower for short answers): a waiting request joins a running batch "
+                                   "of its settings that decodes it from its next step, else starts a batch of its own; --no-join: only between calls."),
     join_max_spread: float = typer.Option(2.0, "--join-max-spread",
                                           help="d2f: join only while the running rows' forward windows span at most "
                                                "this many blocks (0: no bound)."),

@@ -16,8 +16,8 @@ postprocess**:
   those settings, when the running one ends, while requests of other settings may start meanwhile:
   same-settings work is not split into small batches. With joining on (``join``), a request joins a
   running batch of its settings only where that batch decodes it from its next step
-  (``DecodeSession.admits_now``: every step for most strategies, block boundaries for semi-AR schedules
-  and caches that refresh per block, ``sdar``, ``fast_dllm_v2`` and LoPA on the threshold rule); otherwise
+  (``DecodeSession.admits_now``: every step for most strategies, block boundaries for ``vanilla``, Dream's
+  schedules, ``sdar``, ``fast_dllm_v2`` and LoPA on the threshold rule); otherwise
   (and for strategies that never join: classifier-free guidance, LoPA on a third-party branch executor)
   it starts a batch of its own at once, so every request streams after at most one step of each
   running batch. A request that samples (temperature > 0) with a ``seed`` runs in a
