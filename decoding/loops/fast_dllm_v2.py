@@ -47,6 +47,35 @@ from dllm.decoding.state import DecodeState
 DEFAULT_SUB_BLOCK = 8  # the reference's small_block_size
 
 
+def dual_cache_forward(runner, state, cache, cached_end: int, lo: int, hi: int, fresh, alone, first, sub_end,
+                       need, block: int) -> tuple[torch.Tensor, int]:
+    """Logits [live, hi - lo] for ``cache="dual"``, each row's own forward, and the new ``cached_end``: rows
+    ``fresh`` get a forward over their whole block, whose K/V stay cached; rows ``alone`` feed only their
+    sub-block after its first slot, whose fresh K/V replace the stale ones while the rest of their block
+    keeps its cached K/V; rows that need no forward keep their cache untouched. One batched forward serves
+    them all: the cache keeps every slot a row would not feed alone."""
+    dev = state.x.device
+    slots = torch.arange(cache.capacity, device=dev)[None, :]
+    # an `alone` row's fed slots: after the sub-block's first slot, and that slot too where the logits are
+    # shifted (its hidden state gives the next slot's logit, so the forward alone feeds it as well)
+    own = (slots >= first[:, None] + (0 if runner.shift else 1)) & (slots < sub_end[:, None])
+    keep = ~need[:, None] | (alone[:, None] & ~own)
+    if bool(fresh.any()):
+        with cache.keeping(keep if bool((~fresh).any()) else None):
+            logits = runner.cached(state.x, start=cached_end, end=hi, cache=cache, mode="prefix",
+                                   block_size=block)[:, lo - cached_end:]
+        cache.length = max(cache.length, hi)  # the blocks' K/V stay for the sub-block forwards
+        return logits, lo
+    a = int(first[alone].min())
+    b = min(hi, int(sub_end[alone].max()))
+    fed = a + 1 - (1 if runner.shift and a + 1 > 0 else 0)  # the runner feeds the slot before, shifted
+    with cache.keeping(keep if bool(keep[:, fed: b].any()) else None):
+        part = runner.cached(state.x, start=a + 1, end=b, cache=cache, mode="replace", block_size=block)
+    logits = torch.zeros((state.live, hi - lo, part.shape[-1]), dtype=part.dtype, device=dev)
+    logits[:, a + 1 - lo: b - lo] = part
+    return logits, cached_end
+
+
 def decode_fast_dllm_v2(model, state: DecodeState, gen: torch.Generator | None):
     cfg = state.cfg
     B, P = cfg.block_size, state.P
@@ -90,34 +119,6 @@ def decode_fast_dllm_v2(model, state: DecodeState, gen: torch.Generator | None):
             runner.select_rows(keep)
             cache = cache.select_rows(keep)
 
-    def sub_block_forward(lo, hi, fresh, alone, first, sub_end, need) -> torch.Tensor:
-        """Logits [live, hi - lo] for ``cache="dual"``, each row's own forward: rows ``fresh`` get a forward
-        over their whole block, whose K/V stay cached; rows ``alone`` feed only their sub-block after its first
-        slot, whose fresh K/V replace the stale ones while the rest of their block keeps its cached K/V;
-        rows that need no forward keep their cache untouched. One batched forward serves them all: the
-        cache keeps every slot a row would not feed alone."""
-        nonlocal cached_end
-        slots = torch.arange(cache.capacity, device=dev)[None, :]
-        # an `alone` row's fed slots: after the sub-block's first slot, and that slot too where the logits are
-        # shifted (its hidden state gives the next slot's logit, so the forward alone feeds it as well)
-        own = (slots >= first[:, None] + (0 if runner.shift else 1)) & (slots < sub_end[:, None])
-        keep = ~need[:, None] | (alone[:, None] & ~own)
-        if bool(fresh.any()):
-            with cache.keeping(keep if bool((~fresh).any()) else None):
-                logits = runner.cached(state.x, start=cached_end, end=hi, cache=cache, mode="prefix",
-                                       block_size=B)[:, lo - cached_end:]
-            cache.length = max(cache.length, hi)  # the blocks' K/V stay for the sub-block forwards
-            cached_end = lo
-            return logits
-        a = int(first[alone].min())
-        b = min(hi, int(sub_end[alone].max()))
-        fed = a + 1 - (1 if runner.shift and a + 1 > 0 else 0)  # the runner feeds the slot before, shifted
-        with cache.keeping(keep if bool(keep[:, fed: b].any()) else None):
-            part = runner.cached(state.x, start=a + 1, end=b, cache=cache, mode="replace", block_size=B)
-        logits = torch.zeros((state.live, hi - lo, part.shape[-1]), dtype=part.dtype, device=dev)
-        logits[:, a + 1 - lo: b - lo] = part
-        return logits
-
     # A prompt that ends on a block boundary: its first token comes from the prompt's last position.
     if bool((cur == P).any()):
         next_token(torch.full_like(cur, P), cur == P)
@@ -143,7 +144,8 @@ def decode_fast_dllm_v2(model, state: DecodeState, gen: torch.Generator | None):
                 if dual:  # per row: a full-block forward, or its sub-block alone against its cached block
                     fresh = need & (~built | (state.x[rows, first] == state.mask_id))
                     alone = need & ~fresh
-                    logits = sub_block_forward(lo, hi, fresh, alone, first, cur + (j + 1) * S, need)
+                    logits, cached_end = dual_cache_forward(runner, state, cache, cached_end, lo, hi, fresh, alone,
+                                                            first, cur + (j + 1) * S, need, B)
                     built |= fresh
                 else:
                     logits = runner.cached(state.x, start=cached_end, end=hi, cache=cache, mode="prefix",
