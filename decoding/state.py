@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from .kernels.confidence import GREEDY_BELOW
 from .output import DiffusionGenerateOutput, Outputs
 from .stopping import EosIds, Stopping
 
@@ -336,8 +337,6 @@ class DecodeState:
 def _samples(default: float, values) -> bool:
     """Whether a batch with config temperature ``default`` and per-row ``values`` (host numbers, a tensor on
     the host, or None) samples any row."""
-    from .kernels.confidence import GREEDY_BELOW
-
     if values is None:
         return default >= GREEDY_BELOW
     return any(float(v) >= GREEDY_BELOW for v in (values.tolist() if torch.is_tensor(values) else values))

@@ -11,28 +11,13 @@ import torch
 from dllm.decoding import DecodeSession
 from dllm.decoding.batching import batch_form
 from dllm.decoding.streaming import CollectingBatchStreamer
-from dllm.testing import EOS, tiny_block_model, tiny_llada
+from dllm.testing import tiny_block_model, tiny_llada
 
 G, B = 16, 4
 
 
 def _ids(n: int, seed: int) -> list[int]:
     return torch.randint(0, 60, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-@pytest.fixture(scope="module")
-def bc_model():
-    return tiny_llada(initializer_range=0.5, attention_policy="block_causal", block_size=B)
-
-
-@pytest.fixture(scope="module")
-def eos_bc_model():
-    """EOS is likely: rows stop at different times."""
-    m = tiny_llada(initializer_range=0.5, attention_policy="block_causal", block_size=B, seed=1)
-    with torch.no_grad():
-        head = m.model.transformer["ff_out"].weight
-        head[EOS] = head[EOS] * 0 + m.model.transformer["ln_f"].weight.sign() * 1.5
-    return m
 
 
 BASE = {"max_new_tokens": G, "block_length": B, "return_dict_in_generate": True}

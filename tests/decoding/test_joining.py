@@ -25,23 +25,8 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def bc_model():
-    return tiny_llada(initializer_range=0.5, attention_policy="block_causal", block_size=B)
-
-
-@pytest.fixture(scope="module")
 def dream():
     return tiny_dream(initializer_range=0.5)
-
-
-@pytest.fixture(scope="module")
-def eos_bc_model():
-    """Block-causal, and EOS is likely: rows stop at different times (some leave before others join)."""
-    m = tiny_llada(initializer_range=0.5, attention_policy="block_causal", block_size=B, seed=1)
-    with torch.no_grad():
-        head = m.model.transformer["ff_out"].weight
-        head[EOS] = head[EOS] * 0 + m.model.transformer["ln_f"].weight.sign() * 1.5
-    return m
 
 
 def _ids(n: int, seed: int) -> list[int]:
@@ -473,6 +458,25 @@ def test_lopa_with_a_branch_executor_takes_no_rows_once_running(lopa_models):
     assert session.run().sequences.shape[0] == 1
 
 
+def _probe_admits_now(m, cfg, initial, new_prompt, probes: int) -> set[bool]:
+    """For k = 1..probes: decode ``initial`` k steps, add ``new_prompt(k)``, step once, and check that the row
+    was placed exactly when ``admits_now`` said so. Returns the answers seen."""
+    seen = set()
+    for probe in range(1, probes + 1):
+        session = DecodeSession(m, cfg, joinable=True)
+        session.add_rows(initial)
+        for _ in range(probe):
+            session.step()
+        if session.finished():
+            break
+        ready = session.admits_now
+        seen.add(ready)
+        session.add_rows([new_prompt(probe)])
+        session.step()
+        assert (not session.state.incoming) == ready, (probe, ready)
+    return seen
+
+
 @pytest.mark.parametrize("which,kw", [
     ("bidirectional", {"strategy": "vanilla"}),  # joins at block boundaries
     ("bidirectional", {"strategy": "threshold", "cache": "dual", "threshold": 0.7, "dual_cache_step_bound": True}),
@@ -487,19 +491,7 @@ def test_admits_now_says_whether_the_next_step_decodes_a_row_added_now(model, bc
     a row added while it holds is live after the next step, one added while it does not still waits."""
     m = model if which == "bidirectional" else bc_model
     cfg = m.diffusion_generation_config.replace(max_new_tokens=G, block_length=B, stop_at_eos=False, **kw)
-    seen = set()
-    for probe in range(1, 8):  # add one row after step `probe`, then check what the next step did with it
-        session = DecodeSession(m, cfg, joinable=True)
-        session.add_rows(INITIAL)
-        for _ in range(probe):
-            session.step()
-        if session.finished():
-            break
-        ready = session.admits_now
-        seen.add(ready)
-        session.add_rows([_ids(6, 10 + probe)])
-        session.step()
-        assert (not session.state.incoming) == ready, (probe, ready)
+    seen = _probe_admits_now(m, cfg, INITIAL, lambda probe: _ids(6, 10 + probe), probes=7)
     mid_block = kw["strategy"] == "d2f" or (kw["strategy"] == "threshold" and not kw.get("dual_cache_step_bound"))
     assert seen == ({True} if mid_block else {True, False}), seen
 
@@ -512,20 +504,7 @@ def test_admits_now_holds_at_the_block_boundaries_of_position_grid_decoders(bloc
                                     temperature=0.0, stop_at_eos=False, mask_token_id=3, eos_token_id=2,
                                     threshold=0.9, **extra)
     initial = [_vocab_ids(5, 1), _vocab_ids(8, 2)]
-    seen = set()
-    for probe in range(1, 10):
-        session = DecodeSession(m, cfg, joinable=True)
-        session.add_rows(initial)
-        for _ in range(probe):
-            session.step()
-        if session.finished():
-            break
-        ready = session.admits_now
-        seen.add(ready)
-        session.add_rows([_vocab_ids(6, 10 + probe)])
-        session.step()
-        assert (not session.state.incoming) == ready, (probe, ready)
-    assert seen == {True, False}
+    assert _probe_admits_now(m, cfg, initial, lambda probe: _vocab_ids(6, 10 + probe), probes=9) == {True, False}
 
 
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
