@@ -33,7 +33,8 @@ demo: install-demo
 	$(VPY) -m dllm.eval.demo
 
 # Two pytest workers (pytest-xdist), one test file each at a time (--dist loadfile keeps a module's fixtures
-# in one worker); TEST_WORKERS=0 runs the suite in this process, one test at a time.
+# in one worker), each computing on one thread (tests/conftest.py); TEST_WORKERS=0 runs the suite in this
+# process, one test at a time.
 TEST_WORKERS ?= 2
 test: install-test
 	$(VPY) -m pytest -q -m "not gpu" --durations=10 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests

@@ -1,6 +1,15 @@
 """Fixtures shared by every test package."""
 
+import os
+
 import pytest
+
+# One compute thread per pytest process, set before anything imports torch: `make test` runs two workers on
+# two cores, and a worker's second OpenMP thread spins on the core the other worker needs (the reference-parity
+# file took 31 s with two threads beside a busy process and 22 s with one). Tests that need more threads set
+# them; OMP_NUM_THREADS given by the caller wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def free_port() -> int:
