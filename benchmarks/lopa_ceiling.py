@@ -15,6 +15,15 @@ that keeps the pipeline can double d2f's TPF at that block length (LoPA's publis
     python benchmarks/lopa_ceiling.py --model tiny-d2f --suite gsm,arith --n 100 --branches 0,2
     python benchmarks/lopa_ceiling.py --block-length 16     # both strategies at another block size
 
+``--skip-thresholds`` runs every strategy at each of several ``skip_threshold`` values and restates
+LoPA's claim at equal accuracy: for each LoPA row, its TPF over the fastest d2f row (any threshold)
+whose accuracy is within ``--match-points`` (default 2) percentage points of it, and the share of the
+gap between d2f's TPF at the same threshold and the ceiling of LoPA's own answers that LoPA closes
+(0 = no gain over d2f, 1 = the ceiling):
+
+    python benchmarks/lopa_ceiling.py --model tiny-d2f --suite gsm --n 100 --branches 0,2,4 \
+        --skip-thresholds 0.5,0.7,0.9
+
 ``--reference`` decodes nothing: it takes the suites' reference answers (plus the EOS) as the
 generated text and prints their token lengths and the ceiling at each of ``--blocks``, what any
 decoder that answers right could reach; ``--pad-numbers N`` tokenizes them with the suites'
@@ -36,6 +45,30 @@ import torch
 def ceiling_rounds(generated_tokens: int, block: int) -> int:
     """Fewest rounds the one-block-per-round pipeline needs for an answer of this length."""
     return max(1, math.ceil(generated_tokens / block))
+
+
+def gap_closed(tpf: float, d2f_tpf: float, ceiling_tpf: float) -> float:
+    """Share of the way from d2f's TPF to the ceiling that a TPF covers (nan when d2f is at the ceiling)."""
+    gap = ceiling_tpf - d2f_tpf
+    return (tpf - d2f_tpf) / gap if gap > 1e-12 else float("nan")
+
+
+def matched_accuracy(rows: list[dict], points: float) -> list[dict]:
+    """For each LoPA row: the fastest d2f row of its suite, at any skip_threshold, whose accuracy is within
+    ``points`` percentage points, and LoPA's TPF over it (``None`` where no d2f row is that close)."""
+    out = []
+    for r in rows:
+        if not r["lopa_branches"]:
+            continue
+        near = [d for d in rows if d["suite"] == r["suite"] and not d["lopa_branches"]
+                and abs(d["accuracy"] - r["accuracy"]) * 100 <= points + 1e-9]
+        best = max(near, key=lambda d: d["tpf"], default=None)
+        out.append({"suite": r["suite"], "lopa_branches": r["lopa_branches"], "skip_threshold": r["skip_threshold"],
+                    "accuracy": r["accuracy"], "tpf": r["tpf"],
+                    "d2f_skip_threshold": best["skip_threshold"] if best else None,
+                    "d2f_accuracy": best["accuracy"] if best else None, "d2f_tpf": best["tpf"] if best else None,
+                    "tpf_gain": r["tpf"] / best["tpf"] if best else None})
+    return out
 
 
 def _percentile(sorted_values: list[int], q: float) -> int:
@@ -99,6 +132,10 @@ def main(argv: list[str] | None = None) -> dict:
                     "(default: the model's)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="other generation-config overrides for every strategy (e.g. skip_threshold=0.9)")
+    ap.add_argument("--skip-thresholds", default=None, metavar="T1,T2,...", help="run every strategy at each "
+                    "of these skip_threshold values and compare LoPA with d2f at equal accuracy")
+    ap.add_argument("--match-points", type=float, default=2.0, help="with --skip-thresholds: accuracy points "
+                    "within which a d2f row counts as equally accurate")
     ap.add_argument("--batch-size", type=int, default=25)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None)
@@ -110,6 +147,14 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if args.pad_numbers is not None and not args.reference:
         ap.error("--pad-numbers goes with --reference (a decoding run uses the model's own tokenizer)")
+    thresholds = None
+    if args.skip_thresholds is not None:
+        try:
+            thresholds = [float(t) for t in args.skip_thresholds.split(",")]
+        except ValueError:
+            ap.error(f"--skip-thresholds takes comma-separated numbers, not {args.skip_thresholds!r}")
+        if args.reference or any(not 0.0 <= t <= 1.0 for t in thresholds):
+            ap.error("--skip-thresholds takes values in [0, 1] and decodes (not with --reference)")
     from dllm.eval.outputs import check_output_args
 
     check_output_args(ap, args.json)  # before the run: a report that cannot be written is lost with the run
@@ -134,35 +179,54 @@ def main(argv: list[str] | None = None) -> dict:
     base = model.diffusion_generation_config.replace(temperature=0.0, **over)
     B = base.block_size
     ks = [int(b) for b in args.branches.split(",")]
-    print(f"{args.model}: block {B}, skip_threshold {base.skip_threshold}, {args.n} test problems per suite, "
+    skips = thresholds or [base.skip_threshold]
+    print(f"{args.model}: block {B}, skip_threshold {','.join(map(str, skips))}, {args.n} test problems per suite, "
           f"greedy, torch threads {args.threads}")
-    print(f"{'suite':6s} {'strategy':8s} {'acc %':>6s} {'TPF':>6s} {'ceiling':>8s} {'ceil/d2f':>9s}")
+    print(f"{'suite':6s} {'strategy':8s} {'skip':>5s} {'acc %':>6s} {'TPF':>6s} {'ceiling':>8s} {'ceil/d2f':>9s} "
+          f"{'gap %':>6s}")
     result: dict = {"model": args.model, "block_length": B, "n": args.n, "overrides": over, "rows": []}
     for suite_name in args.suite.split(","):
         suite = get_suite(suite_name)
         examples = suite.examples("test", args.n)
-        d2f_tpf = None
-        for k in ks:
-            cfg = base.replace(strategy="lopa" if k else "d2f", lopa_branches=k)
-            outs = []
-            for i in range(0, len(examples), args.batch_size):
-                chunk = examples[i: i + args.batch_size]
-                with torch.no_grad():
-                    outs += generate_text(model, tok, [e.prompt for e in chunk], generation_config=cfg)
-            correct = sum(suite.score(e, o.text).correct for e, o in zip(examples, outs))
-            tokens = sum(o.generated_tokens for o in outs)
-            rounds = sum(o.num_forwards for o in outs)
-            floor = sum(ceiling_rounds(o.generated_tokens, B) for o in outs)
-            tpf, ceil_tpf = tokens / rounds, tokens / floor
-            if k == 0:
-                d2f_tpf = tpf
-            ratio = ceil_tpf / d2f_tpf if d2f_tpf else float("nan")
-            name = "d2f" if k == 0 else f"lopa k={k}"
-            print(f"{suite_name:6s} {name:8s} {100 * correct / len(outs):6.1f} {tpf:6.2f} {ceil_tpf:8.2f} {ratio:8.2f}x")
-            result["rows"].append({"suite": suite_name, "lopa_branches": k, "accuracy": correct / len(outs),
-                                   "tokens": tokens, "rounds": rounds, "tpf": tpf, "ceiling_rounds": floor,
-                                   "ceiling_tpf": ceil_tpf, "ceiling_over_d2f": ratio,
-                                   "mean_tokens": tokens / len(outs)})
+        for skip in skips:
+            d2f_tpf = None
+            for k in ks:
+                cfg = base.replace(strategy="lopa" if k else "d2f", lopa_branches=k, skip_threshold=skip)
+                outs = []
+                for i in range(0, len(examples), args.batch_size):
+                    chunk = examples[i: i + args.batch_size]
+                    with torch.no_grad():
+                        outs += generate_text(model, tok, [e.prompt for e in chunk], generation_config=cfg)
+                correct = sum(suite.score(e, o.text).correct for e, o in zip(examples, outs))
+                tokens = sum(o.generated_tokens for o in outs)
+                rounds = sum(o.num_forwards for o in outs)
+                floor = sum(ceiling_rounds(o.generated_tokens, B) for o in outs)
+                tpf, ceil_tpf = tokens / rounds, tokens / floor
+                if k == 0:
+                    d2f_tpf = tpf
+                ratio = ceil_tpf / d2f_tpf if d2f_tpf else float("nan")
+                closed = gap_closed(tpf, d2f_tpf, ceil_tpf) if k and d2f_tpf else None  # None: a d2f row
+                name = "d2f" if k == 0 else f"lopa k={k}"
+                print(f"{suite_name:6s} {name:8s} {skip:5.2f} {100 * correct / len(outs):6.1f} {tpf:6.2f} "
+                      f"{ceil_tpf:8.2f} {ratio:8.2f}x {'-' if closed is None else f'{100 * closed:.1f}':>6s}")
+                result["rows"].append({"suite": suite_name, "lopa_branches": k, "skip_threshold": skip,
+                                       "accuracy": correct / len(outs), "tokens": tokens, "rounds": rounds,
+                                       "tpf": tpf, "ceiling_rounds": floor, "ceiling_tpf": ceil_tpf,
+                                       "ceiling_over_d2f": ratio, "gap_closed": closed,
+                                       "mean_tokens": tokens / len(outs)})
+    if thresholds:
+        result["matched"] = matched_accuracy(result["rows"], args.match_points)
+        print(f"\nLoPA against the fastest d2f row within {args.match_points:g} accuracy points (any skip_threshold)")
+        print(f"{'suite':6s} {'strategy':8s} {'skip':>5s} {'acc %':>6s} {'TPF':>6s} {'d2f skip':>8s} {'acc %':>6s} "
+              f"{'TPF':>6s} {'gain':>6s}")
+        for m in result["matched"]:
+            head = (f"{m['suite']:6s} {'lopa k=' + str(m['lopa_branches']):8s} {m['skip_threshold']:5.2f} "
+                    f"{100 * m['accuracy']:6.1f} {m['tpf']:6.2f}")
+            if m["d2f_tpf"] is None:
+                print(f"{head}  no d2f row within {args.match_points:g} points")
+            else:
+                print(f"{head} {m['d2f_skip_threshold']:8.2f} {100 * m['d2f_accuracy']:6.1f} {m['d2f_tpf']:6.2f} "
+                      f"{m['tpf_gain']:5.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

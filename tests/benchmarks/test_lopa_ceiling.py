@@ -54,3 +54,41 @@ def test_reference_answers_ceiling(run_benchmark):
         r = rows["sudoku9", B]
         assert r["tokens"] == sum(lengths) and r["ceiling_rounds"] == sum(-(-L // B) for L in lengths)
         assert r["ceiling_tpf"] == sum(lengths) / r["ceiling_rounds"] <= B
+
+
+def test_gap_closed_and_matched_accuracy(load_benchmark):
+    mod = load_benchmark("lopa_ceiling")
+    assert mod.gap_closed(6.0, 4.0, 8.0) == 0.5 and mod.gap_closed(4.0, 4.0, 8.0) == 0.0
+    assert mod.gap_closed(8.0, 8.0, 8.0) != mod.gap_closed(8.0, 8.0, 8.0)  # nan: d2f already at the ceiling
+
+    def row(k, skip, acc, tpf):
+        return {"suite": "s", "lopa_branches": k, "skip_threshold": skip, "accuracy": acc, "tpf": tpf}
+
+    rows = [row(0, 0.5, 0.80, 6.0), row(0, 0.9, 0.90, 4.0), row(2, 0.9, 0.91, 5.0), row(2, 0.5, 0.70, 7.0)]
+    lopa_strict, lopa_loose = mod.matched_accuracy(rows, points=2.0)
+    # within 2 points of 91% only d2f at 0.9 (90%): the faster d2f at 0.5 (80%) is not equally accurate
+    assert (lopa_strict["d2f_skip_threshold"], lopa_strict["tpf_gain"]) == (0.9, 5.0 / 4.0)
+    assert lopa_loose["d2f_tpf"] is None and lopa_loose["tpf_gain"] is None
+    [wide, _] = mod.matched_accuracy(rows, points=15.0)
+    assert wide["d2f_skip_threshold"] == 0.5 and wide["tpf_gain"] == 5.0 / 6.0
+
+
+def test_skip_threshold_sweep(tmp_path, capsys, run_benchmark):
+    result = run_benchmark("lopa_ceiling", ["--suite", "arith", "--n", "3", "--branches", "0,2",
+                                            "--skip-thresholds", "0.5,0.9"])
+    rows = result["rows"]
+    assert [(r["skip_threshold"], r["lopa_branches"]) for r in rows] == [(0.5, 0), (0.5, 2), (0.9, 0), (0.9, 2)]
+    assert rows[0]["gap_closed"] is None
+    d2f, lopa = rows[2], rows[3]
+    assert lopa["gap_closed"] == (lopa["tpf"] - d2f["tpf"]) / (lopa["ceiling_tpf"] - d2f["tpf"])
+    assert [m["skip_threshold"] for m in result["matched"]] == [0.5, 0.9]
+    assert "LoPA against the fastest d2f row within 2 accuracy points" in capsys.readouterr().out
+
+
+def test_bad_skip_thresholds_are_usage_errors(run_benchmark, capsys):
+    import pytest
+
+    for bad in ("0.5,x", "1.5"):
+        with pytest.raises(SystemExit) as e:
+            run_benchmark("lopa_ceiling", ["--suite", "arith", "--n", "1", "--skip-thresholds", bad])
+        assert e.value.code == 2 and "--skip-thresholds" in capsys.readouterr().err
