@@ -1,21 +1,28 @@
-"""GPU hot paths of decoding on a LLaDA-8B-shaped model (random weights): one table.
+"""GPU hot paths of decoding on 8B-shaped models (random weights): one table.
 
-    python benchmarks/gpu_bench.py --json gpu_bench.json          # CUDA (an H200: ~5 minutes)
+    python benchmarks/gpu_bench.py --json gpu_bench.json          # CUDA (an H100: about 5 minutes)
     python benchmarks/gpu_bench.py --dry --json dry.json          # tiny shapes on CPU, well under a minute
 
-Sections (each under its own timeout; a failing case or section is reported and the rest still run):
+Sections, in the order they run (each under its own timeout and the total ``--budget``; a failing case or
+section is reported and the rest still run):
 
 * ``confidence``: the fused confidence-statistics kernel vs the PyTorch path over V=126464 logits for
   N masked positions (``dllm.decoding.kernels.confidence.benchmark_confidence``), with the memory-bandwidth
   floor (the logits read once at the measured copy bandwidth).
+* ``e2e``: ``model.generate`` on LLaDA-8B, SDAR-8B (Qwen3-8B) and Dream-7B shapes at batch 1, 8 and 32
+  (every family at batch 1 first): vanilla, ``threshold`` without a cache and with the prefix and dual
+  caches, ``d2f`` and LoPA on the block-causal view of the LLaDA weights, ``sdar`` and Dream's
+  ``threshold`` + dual cache. Random weights are never confident, so every forward is made to commit
+  ``--tpf`` tokens per row (:func:`forced_commits`); each row gives tokens/s, TPF, ms per forward (the
+  cache mode's forward: full canvas, prefix, dual, exact block cache) and the share of the wall time
+  spent inside model forwards. The first cases are repeated with the ``flex`` attention backend.
 * ``attention``: attention time per decoding step (mask construction once + one attention call
   per layer, 32 layers) for each cache shape -- no cache, prefix, dual (replace), the block-causal
   exact cache (D2F) and LoPA branches sharing a prefix -- with the ``sdpa`` and ``flex`` backends.
-* ``e2e``: tokens/s of ``model.generate`` for threshold + dual cache (bidirectional), d2f and lopa
-  (the block-causal view of the same weights) at batch 1 and 8, per attention backend.
-
-Random weights make every step commit about one token (TPF ~ 1): tokens/s measures the cost of a
-decoding step (forward + loop), not the parallelism a trained model reaches.
+* ``compile``: ``threshold`` + dual cache and ``d2f`` at batch 1 with the model's forward under
+  ``torch.compile`` (``compile``) and with CUDA graphs (``compile+cudagraphs``: mode "reduce-overhead"),
+  against eager; ``--dry`` compiles with the "eager" backend (the graph capture alone, no C++ build).
+* ``tests``: ``pytest -m gpu`` (``--test-paths``), its summary line.
 """
 
 from __future__ import annotations
@@ -42,8 +49,9 @@ FULL = {  # LLaDA-8B: 32 layers, d 4096, 32 heads (MHA), SwiGLU 12288, vocab 126
     "vocab": 126464, "mask_id": 126336, "eos_id": 126081, "dtype": "bf16", "device": "cuda",
     "conf_n": (32, 256), "conf_repeats": 20,
     "attn_prompt": 1024, "attn_gen": 256, "attn_block": 32, "attn_repeats": 10, "attn_batches": (1, 8),
-    "e2e_prompt": 256, "e2e_new": 128, "e2e_block": 32, "e2e_batches": (1, 8), "lopa_branches": 3,
-    "timeouts": {"confidence": 60, "attention": 150, "e2e": 300}, "budget": 480,
+    "e2e_prompt": 256, "e2e_new": 128, "e2e_block": 32, "e2e_batches": (1, 8, 32), "lopa_branches": 3,
+    "e2e_families": ("llada-8b", "sdar-8b", "dream-7b"),
+    "timeouts": {"confidence": 45, "e2e": 200, "attention": 90, "compile": 90, "tests": 90}, "budget": 330,
 }
 DRY = {  # tiny shapes on CPU (GQA on purpose: 4 query heads, 2 kv heads)
     "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "mlp_hidden_size": 128,
@@ -51,10 +59,28 @@ DRY = {  # tiny shapes on CPU (GQA on purpose: 4 query heads, 2 kv heads)
     "conf_n": (4, 16), "conf_repeats": 2,
     "attn_prompt": 40, "attn_gen": 24, "attn_block": 4, "attn_repeats": 2, "attn_batches": (1, 2),
     "e2e_prompt": 12, "e2e_new": 8, "e2e_block": 4, "e2e_batches": (1, 2), "lopa_branches": 2,
-    "timeouts": {"confidence": 30, "attention": 30, "e2e": 60}, "budget": 110,
+    "e2e_families": ("llada-dry", "sdar-dry", "dream-dry"),
+    "timeouts": {"confidence": 30, "e2e": 60, "attention": 30, "compile": 60, "tests": 60}, "budget": 150,
+}
+# The published shapes (config.json of each checkpoint); "-dry": the same formats at toy size.
+FAMILY_SHAPES = {
+    "llada-8b": {"format": "llada"},  # the LLaDA shape above
+    "sdar-8b": {"format": "sdar", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                "mask_token_id": 151669, "eos_token_id": 151643, "block_size": 4},  # SDAR-8B-Chat (Qwen3-8B)
+    "dream-7b": {"format": "dream", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+                 "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+                 "mask_token_id": 151666, "eos_token_id": 151643},  # Dream-v0-7B (Qwen2.5-7B)
+    "llada-dry": {"format": "llada"},
+    "sdar-dry": {"format": "sdar", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512,
+                 "mask_token_id": 511, "eos_token_id": 510, "block_size": 4},
+    "dream-dry": {"format": "dream", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "mask_token_id": 511,
+                  "eos_token_id": 510},
 }
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-SECTIONS = ("confidence", "attention", "e2e")
+SECTIONS = ("confidence", "e2e", "attention", "compile", "tests")
 
 
 class SectionTimeout(BaseException):  # not an Exception: a per-case `except Exception` must not swallow it
@@ -100,28 +126,48 @@ def time_ms(fn, device: torch.device, repeats: int, warmup: int = 1) -> float:
 
 
 # --- model ---------------------------------------------------------------------------------------
-def build_model(shape: dict, device: torch.device, dtype: torch.dtype):
-    """A LLaDA-format model of the given shape: built on the meta device, materialised on ``device``."""
-    from dllm.modeling import LLaDAConfig, LLaDAModelLM
+def family_config(shape: dict, family: str):
+    """(config, model class) of ``family`` (a key of FAMILY_SHAPES); "llada" takes the LLaDA shape of ``shape``."""
+    fam = dict(FAMILY_SHAPES[family])
+    fmt = fam.pop("format")
+    if fmt == "llada":
+        from dllm.modeling import LLaDAConfig, LLaDAModelLM
 
-    cfg = LLaDAConfig(
-        d_model=shape["d_model"], n_layers=shape["n_layers"], n_heads=shape["n_heads"],
-        n_kv_heads=shape["n_kv_heads"], mlp_hidden_size=shape["mlp_hidden_size"], vocab_size=shape["vocab"],
-        embedding_size=shape["vocab"], mask_token_id=shape["mask_id"], eos_token_id=shape["eos_id"],
-        pad_token_id=shape["eos_id"],
-    )
+        return LLaDAConfig(
+            d_model=shape["d_model"], n_layers=shape["n_layers"], n_heads=shape["n_heads"],
+            n_kv_heads=shape["n_kv_heads"], mlp_hidden_size=shape["mlp_hidden_size"], vocab_size=shape["vocab"],
+            embedding_size=shape["vocab"], mask_token_id=shape["mask_id"], eos_token_id=shape["eos_id"],
+            pad_token_id=shape["eos_id"],
+        ), LLaDAModelLM
+    ids = {"pad_token_id": fam["eos_token_id"], "bos_token_id": fam["eos_token_id"]}
+    if fmt == "sdar":
+        from dllm.modeling import SDARForCausalLM
+        from dllm.testing import tiny_block_config  # the published SDAR config keys, here at real size
+
+        return tiny_block_config("sdar", **fam, **ids), SDARForCausalLM
+    from dllm.modeling import DreamConfig, DreamModel
+
+    return DreamConfig(rope_theta=1e6, **fam, **ids), DreamModel
+
+
+def build_model(shape: dict, device: torch.device, dtype: torch.dtype, family: str | None = None):
+    """A model of ``family`` (default: the LLaDA shape of ``shape``) with random weights: built on the meta
+    device, materialised on ``device``."""
+    cfg, cls = family_config(shape, family or next(k for k, v in FAMILY_SHAPES.items() if v["format"] == "llada"))
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # allocate bf16 directly: no 32 GB fp32 detour for 8B parameters
     try:
         with torch.device("meta"):
-            model = LLaDAModelLM(cfg)
+            model = cls(cfg)
     finally:
         torch.set_default_dtype(previous)
     model.to_empty(device=device)
     gen = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif p.dim() == 1:
                 p.fill_(1.0)  # RMSNorm scales
             else:
                 p.normal_(0.0, 0.02, generator=gen)
@@ -233,65 +279,198 @@ def bench_attention(shape, device, dtype, backends, rows, deadline):
                 ref = ms if ref is None else ref
 
 
-def e2e_configs(shape):
-    from dllm.decoding.config import DiffusionGenerationConfig
+@contextlib.contextmanager
+def forced_commits(model, k: int, mask_id: int, token: int):
+    """Every forward makes the first ``k`` masked slots of each row it returns logits for confident (+30 on
+    ``token``'s logit, a probability of about 1 against random logits), so a confidence rule commits ``k``
+    tokens per row and step, as a trained model would commit several. The logits' column ``c`` is input
+    position ``logits_range[0] + c`` (the model applies Dream's shift itself)."""
 
-    base = {"max_new_tokens": shape["e2e_new"], "block_length": shape["e2e_block"], "stop_at_eos": False,
-            "return_dict_in_generate": True}
+    def hook(module, args, kwargs, output):
+        ids = kwargs.get("input_ids")
+        if ids is None or k <= 0:
+            return
+        a, b = kwargs.get("logits_range") or (0, ids.shape[1])
+        masked = ids[:, a:b] == mask_id
+        first = masked & (masked.cumsum(1) <= k)
+        output.logits[..., token] += 30.0 * first.to(output.logits.dtype)
+
+    handle = model.register_forward_hook(hook, with_kwargs=True)
+    try:
+        yield model
+    finally:
+        handle.remove()
+
+
+@dataclasses.dataclass(frozen=True)
+class E2ECase:
+    family: str
+    label: str
+    cfg: object  # DiffusionGenerationConfig
+    block_causal_view: bool = False  # the LLaDA weights viewed block-causally (a D2F student)
+
+
+def e2e_cases(shape: dict, tpf: int) -> list[E2ECase]:
+    """The strategies of each family, each with its own cache mode."""
+    from dllm.decoding.config import DiffusionGenerationConfig as C
+
+    new, blk = shape["e2e_new"], shape["e2e_block"]
+    base = {"max_new_tokens": new, "block_length": blk, "stop_at_eos": False, "return_dict_in_generate": True}
+    llada, sdar, dream = shape["e2e_families"]
+    sdar_block = FAMILY_SHAPES[sdar]["block_size"]
     return [
-        ("threshold+dual", False, DiffusionGenerationConfig(strategy="threshold", cache="dual", threshold=0.9, **base)),
-        ("d2f", True, DiffusionGenerationConfig(strategy="d2f", **base)),
-        (f"lopa k={shape['lopa_branches']}", True,
-         DiffusionGenerationConfig(strategy="lopa", lopa_branches=shape["lopa_branches"], **base)),
+        E2ECase(llada, "threshold+dual", C(strategy="threshold", cache="dual", threshold=0.9, **base)),
+        E2ECase(llada, "d2f", C(strategy="d2f", **base), True),
+        E2ECase(llada, "vanilla", C(strategy="vanilla", steps=max(1, new // tpf), **base)),
+        E2ECase(llada, "threshold", C(strategy="threshold", threshold=0.9, **base)),
+        E2ECase(llada, "threshold+prefix", C(strategy="threshold", cache="prefix", threshold=0.9, **base)),
+        E2ECase(llada, f"lopa k={shape['lopa_branches']}",
+                C(strategy="lopa", lopa_branches=shape["lopa_branches"], **base), True),
+        E2ECase(sdar, "sdar", C(strategy="sdar", threshold=0.9, **{**base, "block_length": sdar_block})),
+        E2ECase(dream, "threshold+dual", C(strategy="threshold", cache="dual", threshold=0.9, **base)),
     ]
 
 
-def bench_e2e(model, shape, device, backends, rows, deadline):
-    vocab_low = min(shape["vocab"], 1000) - 4
-    for batch in shape["e2e_batches"]:
-        gen = torch.Generator().manual_seed(batch)
-        ids = torch.randint(0, vocab_low, (batch, shape["e2e_prompt"]), generator=gen)
-        mask = torch.ones_like(ids)
-        for r in range(batch):  # left padding: prompts of different lengths
-            mask[r, : (r % 4) * 2] = 0
-            ids[r, : (r % 4) * 2] = shape["eos_id"]
-        ids, mask = ids.to(device), mask.to(device)
-        for label, block_causal, cfg in e2e_configs(shape):
-            case = f"{label} b={batch}"
-            ref = None
-            ref_tokens = None
-            for be in backends:
+def _e2e_inputs(shape: dict, batch: int, vocab: int, eos_id: int, device: torch.device):
+    gen = torch.Generator().manual_seed(batch)
+    ids = torch.randint(0, min(vocab, 1000) - 4, (batch, shape["e2e_prompt"]), generator=gen)
+    mask = torch.ones_like(ids)
+    for r in range(batch):  # left padding: prompts of different lengths
+        mask[r, : (r % 4) * 2] = 0
+        ids[r, : (r % 4) * 2] = eos_id
+    return ids.to(device), mask.to(device)
+
+
+def run_generate(model, case: E2ECase, ids, mask, device, shape, tpf: int, *, warmups: int = 1) -> dict:
+    """One timed ``generate`` after ``warmups`` untimed ones: tokens/s, TPF, ms per forward, forwards' share."""
+    view = block_causal_view(model, shape["e2e_block"]) if case.block_causal_view else contextlib.nullcontext()
+    with view, forced_commits(model, tpf, model.config.mask_token_id, token=7):
+        t0 = time.perf_counter()
+        for _ in range(warmups):
+            model.generate(ids, attention_mask=mask, generation_config=case.cfg)
+        sync(device)
+        warm = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        out = model.generate(ids, attention_mask=mask, generation_config=case.cfg)
+        sync(device)
+        wall = time.perf_counter() - t0
+    tokens = int(out.generated_tokens.sum())
+    forwards = int(out.num_forwards.max())
+    fwd_s = float(out.timings.get("forward_seconds", 0.0))
+    return {"wall": wall, "warm": warm, "tokens": tokens, "tpf": float(out.tpf.float().mean()),
+            "forwards": out.num_forwards.tolist(), "forward_seconds": fwd_s,
+            "ms_per_forward": 1e3 * fwd_s / max(1, forwards), "forward_share": fwd_s / wall,
+            "sequences": out.sequences.cpu()}
+
+
+def bench_e2e(shape, device, dtype, backends, tpf, rows, deadline, meta):
+    """Every family's cases at batch 1, then at each larger batch (the models stay loaded: 47 GB in bf16 at
+    full size); the first backend for all, the others for the first two cases at batch 1 (compared token
+    for token)."""
+    cases = e2e_cases(shape, tpf)
+    models: dict = {}
+    try:
+        for batch in shape["e2e_batches"]:
+            for i, case in enumerate(cases):
+                name = f"{case.family} {case.label} b={batch}"
+                first = None
+                for be in backends if (batch == shape["e2e_batches"][0] and i < 2) else backends[:1]:
+                    try:
+                        check_budget(deadline)
+                        if case.family not in models:
+                            t_build = time.perf_counter()
+                            models[case.family] = build_model(shape, device, dtype, case.family)
+                            meta.setdefault("models", {})[case.family] = {
+                                "parameters": sum(p.numel() for p in models[case.family].parameters()),
+                                "build_s": round(time.perf_counter() - t_build, 2)}
+                        model = models[case.family]
+                        ids, mask = _e2e_inputs(shape, batch, model.config.vocab_size, model.config.eos_token_id,
+                                                device)
+                        model.set_attention_backend(be)
+                        r = run_generate(model, case, ids, mask, device, shape, tpf)
+                    except Exception as err:  # noqa: BLE001
+                        rows.append(row("e2e", name, be, note=f"error: {err!r}"[:160]))
+                        continue
+                    finally:
+                        for m in models.values():
+                            m.set_attention_backend(None)
+                    same = None if first is None else bool(torch.equal(r["sequences"], first["sequences"]))
+                    note = (f"TPF {r['tpf']:.2f}; {r['ms_per_forward']:.2f} ms/forward; forwards "
+                            f"{100 * r['forward_share']:.0f}% of wall; warm-up {r['warm']:.1f} s")
+                    if same is not None:
+                        note += f"; tokens {'==' if same else '!='} {backends[0]}"
+                    rows.append(row("e2e", name, be, ms=r["wall"] * 1e3, ref_ms=first and first["wall"] * 1e3,
+                                    tok_s=r["tokens"] / r["wall"], note=note,
+                                    extra={k: v for k, v in r.items() if k != "sequences"}
+                                    | {"same_tokens_as_first_backend": same}))
+                    first = first or r
+    finally:
+        models.clear()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def bench_compile(shape, device, dtype, tpf, rows, deadline, compile_backend):
+    """``threshold`` + dual and ``d2f`` at batch 1: eager, the forward under torch.compile, and with CUDA graphs."""
+    cases = e2e_cases(shape, tpf)[:2]
+    model = build_model(shape, device, dtype, cases[0].family)
+    ids, mask = _e2e_inputs(shape, 1, model.config.vocab_size, model.config.eos_token_id, device)
+    variants = [("eager", None), ("compile", "default")]
+    if device.type == "cuda":
+        variants.append(("compile+cudagraphs", "reduce-overhead"))
+    eager_forward = model.forward
+    try:
+        for case in cases:
+            first = None
+            for name, mode in variants:
+                label = f"{cases[0].family} {case.label} b=1"
                 try:
                     check_budget(deadline)
-                    model.set_attention_backend(be)
-                    view = block_causal_view(model, shape["e2e_block"]) if block_causal else contextlib.nullcontext()
-                    with view:
-                        t0 = time.perf_counter()
-                        model.generate(ids, attention_mask=mask, generation_config=cfg)  # warm-up / compile
-                        sync(device)
-                        warm = time.perf_counter() - t0
-                        t0 = time.perf_counter()
-                        out = model.generate(ids, attention_mask=mask, generation_config=cfg)
-                        sync(device)
-                        wall = time.perf_counter() - t0
+                    torch._dynamo.reset()
+                    if mode is not None:
+                        model.forward = torch.compile(eager_forward, mode=mode, dynamic=True, backend=compile_backend)
+                    r = run_generate(model, case, ids, mask, device, shape, tpf, warmups=2)
                 except Exception as err:  # noqa: BLE001
-                    rows.append(row("e2e", case, be, note=f"error: {err!r}"[:160]))
+                    rows.append(row("compile", label, name, note=f"error: {err!r}"[:160]))
                     continue
                 finally:
-                    model.set_attention_backend(None)
-                tokens = int(out.generated_tokens.sum())
-                fwd = out.timings.get("forward_seconds") if isinstance(getattr(out, "timings", None), dict) else None
-                same = None if ref_tokens is None else bool(torch.equal(out.sequences.cpu(), ref_tokens))
-                note = f"TPF {float(out.tpf.float().mean()):.2f}; warm-up {warm:.1f} s"
-                if fwd:
-                    note += f"; forwards {100 * fwd / wall:.0f}% of wall"
+                    model.forward = eager_forward
+                same = None if first is None else bool(torch.equal(r["sequences"], first["sequences"]))
+                note = (f"TPF {r['tpf']:.2f}; {r['ms_per_forward']:.2f} ms/forward; forwards "
+                        f"{100 * r['forward_share']:.0f}% of wall; 2 warm-ups {r['warm']:.1f} s")
                 if same is not None:
-                    note += f"; tokens {'==' if same else '!='} {backends[0]}"
-                rows.append(row("e2e", case, be, ms=wall * 1e3, ref_ms=ref, tok_s=tokens / wall, note=note,
-                                extra={"tokens": tokens, "same_tokens_as_first_backend": same,
-                                       "forwards": out.num_forwards.tolist()}))
-                if ref is None:
-                    ref, ref_tokens = wall * 1e3, out.sequences.cpu()
+                    note += f"; tokens {'==' if same else '!='} eager"
+                rows.append(row("compile", label, name, ms=r["wall"] * 1e3, ref_ms=first and first["wall"] * 1e3,
+                                tok_s=r["tokens"] / r["wall"], note=note,
+                                extra={k: v for k, v in r.items() if k != "sequences"}
+                                | {"same_tokens_as_eager": same, "backend": compile_backend}))
+                first = first or r
+    finally:
+        model.forward = eager_forward
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def bench_tests(paths: list[str], rows, limit: float) -> None:
+    """``pytest -m gpu`` on ``paths`` in a child process (killed at the section's limit)."""
+    import re
+    import subprocess
+
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *paths]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=max(1.0, limit - 2))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    summary = [ln for ln in out.splitlines() if re.search(r"\d+ (passed|failed|skipped|deselected|error)", ln)]
+    note = summary[-1].strip("= ") if summary else f"no summary (exit {proc.returncode})"
+    rows.append(row("tests", "pytest -m gpu " + " ".join(paths), "-", note=note,
+                    extra={"returncode": proc.returncode, "tail": out[-3000:]}))
+    if proc.returncode not in (0, 5):  # 5: no test collected (every path deselected)
+        raise RuntimeError(f"pytest -m gpu exited {proc.returncode}: {note}")
 
 
 # --- table ---------------------------------------------------------------------------------------
@@ -330,12 +509,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry", action="store_true", help="tiny shapes on CPU (checks the script works)")
     ap.add_argument("--json", default=None, help="also write the rows and metadata here")
-    ap.add_argument("--sections", default=",".join(SECTIONS))
+    ap.add_argument("--sections", default=None, help=f"comma-separated, in order (default: {','.join(SECTIONS)}; "
+                    "--dry leaves out tests)")
     ap.add_argument("--backends", default="sdpa,flex", help="attention backends to compare (first = reference)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--budget", type=float, default=None, help="total seconds for all sections")
+    ap.add_argument("--tpf", type=int, default=4, help="tokens each forward commits per row in e2e and compile "
+                    "(random weights commit none by confidence)")
+    ap.add_argument("--compile-backend", default=None, help="torch.compile backend (default: inductor; eager "
+                    "with --dry)")
+    ap.add_argument("--test-paths", default="tests", help="what the tests section runs pytest -m gpu on")
     args = ap.parse_args(argv)
     check_output_args(ap, args.json)
+    if args.tpf < 1:
+        ap.error("--tpf is a positive number of tokens per forward")
 
     shape = dict(DRY if args.dry else FULL)
     device = torch.device(args.device or shape["device"])
@@ -343,18 +530,20 @@ def main(argv: list[str] | None = None) -> int:
         print("CUDA is not available: run with --dry for the CPU smoke test", file=sys.stderr)
         return 2
     dtype = DTYPES[shape["dtype"]]
-    sections = [s for s in args.sections.split(",") if s]
+    default_sections = [s for s in SECTIONS if not (args.dry and s == "tests")]
+    sections = [s for s in args.sections.split(",") if s] if args.sections is not None else default_sections
     backends = [b for b in args.backends.split(",") if b]
+    compile_backend = args.compile_backend or ("eager" if args.dry else "inductor")
     start = time.monotonic()
     deadline = start + (shape["budget"] if args.budget is None else args.budget)
     rows, status = [], {}
     meta = {"dry": args.dry, "device": str(device), "dtype": shape["dtype"], "torch": torch.__version__,
-            "python": platform.python_version(),
+            "cuda": torch.version.cuda, "python": platform.python_version(),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
-            "shape": {k: v for k, v in shape.items() if k != "timeouts"}, "backends": backends,
+            "shape": {k: v for k, v in shape.items() if k != "timeouts"}, "backends": backends, "tpf": args.tpf,
+            "compile_backend": compile_backend, "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
             "env": {k: os.environ[k] for k in ("DLLM_ATTN_BACKEND", "TRITON_INTERPRET") if k in os.environ}}
 
-    model = None
     for name in sections:
         if name not in SECTIONS:
             status[name] = {"status": "error", "error": f"unknown section; valid: {', '.join(SECTIONS)}"}
@@ -367,13 +556,12 @@ def main(argv: list[str] | None = None) -> int:
                     bench_confidence(shape, device, dtype, rows, deadline)
                 elif name == "attention":
                     bench_attention(shape, device, dtype, backends, rows, deadline)
+                elif name == "e2e":
+                    bench_e2e(shape, device, dtype, backends, args.tpf, rows, deadline, meta)
+                elif name == "compile":
+                    bench_compile(shape, device, dtype, args.tpf, rows, deadline, compile_backend)
                 else:
-                    if model is None:
-                        t_build = time.perf_counter()
-                        model = build_model(shape, device, dtype)
-                        meta["model_build_s"] = time.perf_counter() - t_build
-                        meta["parameters"] = sum(p.numel() for p in model.parameters())
-                    bench_e2e(model, shape, device, backends, rows, deadline)
+                    bench_tests(args.test_paths.split(","), rows, limit)
             status[name] = {"status": "ok"}
         except SectionTimeout as err:
             status[name] = {"status": "timeout", "error": str(err)}

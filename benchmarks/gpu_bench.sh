@@ -5,7 +5,8 @@
 set -euo pipefail
 N=${1:-200}
 mkdir -p docs/results/gpu
-# Hot paths first (one table: confidence kernel, attention per cache mode, e2e tokens/s; < 8 minutes).
+# Hot paths first (one table: confidence kernel, e2e per family and strategy, attention per cache mode,
+# torch.compile and CUDA graphs, pytest -m gpu; at most 330 s).
 python benchmarks/gpu_bench.py --json docs/results/gpu/hot_paths.json || echo "gpu_bench.py failed; continuing"
 python benchmarks/readme_tables.py --n "$N" --device cuda --dtype bf16 --batch-size 32 --out docs/results/gpu
 python benchmarks/overhead.py --device cuda --dtype bf16 --new-tokens 256 --json docs/results/gpu/overhead.json

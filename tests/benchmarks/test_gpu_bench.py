@@ -3,11 +3,13 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_bench.py"
@@ -34,7 +36,8 @@ def test_dry_run_prints_one_table(dry):
     assert lines[0].startswith("# dllm GPU hot paths") and "DRY" in lines[0]
     assert lines[1].split()[:6] == ["section", "case", "variant", "ms", "speedup", "tok/s"]
     assert sum(1 for line in lines if line.startswith("section ")) == 1  # one table
-    assert lines[-1].startswith("# sections: confidence ok") and "attention ok" in lines[-1] and "e2e ok" in lines[-1]
+    assert lines[-1].startswith("# sections: ")  # in order, and --dry leaves out the tests section
+    assert re.findall(r"(\w+) ok \(", lines[-1]) == ["confidence", "e2e", "attention", "compile"]
     assert data["meta"]["dry"] and data["meta"]["total_s"] < 60
     assert {s["status"] for s in data["sections"].values()} == {"ok"}
     for r in data["rows"]:  # every row appears in the printed table
@@ -56,15 +59,47 @@ def test_dry_attention_rows_cover_every_cache_mode_and_backend(dry):
 
 
 def test_dry_e2e_rows(dry):
+    """Every family and strategy at both batches; each forward commits --tpf (4) tokens per row, so a row of 8
+    tokens takes 2 forwards; the first two cases at batch 1 also run on flex, token for token the same."""
     _, data = dry
-    rows = [r for r in data["rows"] if r["section"] == "e2e"]
-    for strategy in ("threshold+dual", "d2f", "lopa k=2"):
-        for batch in (1, 2):
-            got = {r["variant"]: r for r in rows if r["case"] == f"{strategy} b={batch}"}
-            assert set(got) == {"sdpa", "flex"}, (strategy, batch)
-            for r in got.values():
-                assert r["tokens_per_s"] > 0 and r["extra"]["tokens"] == 8 * batch  # max_new_tokens=8, no EOS stop
-            assert got["flex"]["extra"]["same_tokens_as_first_backend"] is True
+    rows = {(r["case"], r["variant"]): r for r in data["rows"] if r["section"] == "e2e"}
+    llada = ["threshold+dual", "d2f", "vanilla", "threshold", "threshold+prefix", "lopa k=2"]
+    cases = [f"llada-dry {s}" for s in llada] + ["sdar-dry sdar", "dream-dry threshold+dual"]
+    for batch in (1, 2):
+        for case in cases:
+            r = rows[f"{case} b={batch}", "sdpa"]
+            assert r["tokens_per_s"] > 0 and r["extra"]["tokens"] == 8 * batch  # max_new_tokens=8, no EOS stop
+            assert r["extra"]["ms_per_forward"] > 0 and 0 < r["extra"]["forward_share"] <= 1
+            if case.startswith("llada") or batch == 1:  # SDAR's own blocks: padded rows start mid-block
+                assert r["extra"]["tpf"] == 4.0 and r["extra"]["forwards"] == [2] * batch, case
+    flex = {case for case, variant in rows if variant == "flex"}
+    assert flex == {"llada-dry threshold+dual b=1", "llada-dry d2f b=1"}
+    assert all(rows[case, "flex"]["extra"]["same_tokens_as_first_backend"] is True for case in flex)
+    assert set(data["meta"]["models"]) == {"llada-dry", "sdar-dry", "dream-dry"}
+
+
+def test_dry_compile_rows(dry):
+    _, data = dry
+    rows = {(r["case"], r["variant"]): r for r in data["rows"] if r["section"] == "compile"}
+    assert set(rows) == {(f"llada-dry {s} b=1", v) for s in ("threshold+dual", "d2f") for v in ("eager", "compile")}
+    for (_case, variant), r in rows.items():
+        assert r["tokens_per_s"] > 0
+        if variant == "compile":
+            assert r["extra"]["same_tokens_as_eager"] is True and r["extra"]["backend"] == "eager"
+
+
+def test_forced_commits_make_the_first_masked_slots_confident(load_benchmark):
+    from dllm.testing import tiny_llada
+
+    bench = load_benchmark("gpu_bench")
+    model = tiny_llada()
+    mask_id = model.config.mask_token_id
+    ids = torch.tensor([[5, mask_id, 6, mask_id, mask_id, mask_id], [mask_id] * 6])
+    with bench.forced_commits(model, 2, mask_id, token=7):
+        logits = model(input_ids=ids, logits_range=(1, 6)).logits
+    confident = logits.softmax(-1)[..., 7] > 0.99
+    assert confident.tolist() == [[True, False, True, False, False], [True, True, False, False, False]]
+    assert not (model(input_ids=ids).logits.softmax(-1)[..., 7] > 0.99).any()  # the hook is gone
 
 
 def test_dry_confidence_rows(dry):
@@ -85,9 +120,16 @@ def test_dry_confidence_rows(dry):
 def test_failures_and_the_budget_do_not_lose_the_rest(tmp_path):
     stdout, data = _run(tmp_path, "--sections", "bogus,e2e", "--backends", "sdpa,nope")
     e2e = [r for r in data["rows"] if r["section"] == "e2e"]
-    assert all(r["note"].startswith("error") for r in e2e if r["variant"] == "nope")
-    assert all(r["tokens_per_s"] > 0 for r in e2e if r["variant"] == "sdpa") and len(e2e) == 12
+    assert [r["note"].startswith("error") for r in e2e if r["variant"] == "nope"] == [True, True]
+    assert all(r["tokens_per_s"] > 0 for r in e2e if r["variant"] == "sdpa") and len(e2e) == 18
     assert data["sections"]["bogus"]["status"] == "error" and data["sections"]["e2e"]["status"] == "ok"
     stdout, data = _run(tmp_path, "--budget", "0")
     assert {s["status"] for s in data["sections"].values()} == {"timeout"}
     assert "section stopped" in stdout
+
+
+def test_the_tests_section_reports_the_pytest_summary(tmp_path):
+    stdout, data = _run(tmp_path, "--sections", "tests", "--test-paths", "tests/benchmarks/test_lopa_ceiling.py")
+    [r] = data["rows"]
+    assert r["case"] == "pytest -m gpu tests/benchmarks/test_lopa_ceiling.py" and "deselected" in r["note"]
+    assert r["extra"]["returncode"] == 5 and data["sections"]["tests"]["status"] == "ok"
