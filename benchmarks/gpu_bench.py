@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 
 from dllm.eval.outputs import check_output_args
+from dllm.testing import HostReads, forced_commits
 
 FULL = {  # LLaDA-8B: 32 layers, d 4096, 32 heads (MHA), SwiGLU 12288, vocab 126464
     "d_model": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 32, "mlp_hidden_size": 12288,
@@ -58,7 +59,7 @@ DRY = {  # tiny shapes on CPU (GQA on purpose: 4 query heads, 2 kv heads)
     "vocab": 512, "mask_id": 511, "eos_id": 510, "dtype": "fp32", "device": "cpu",
     "conf_n": (4, 16), "conf_repeats": 2,
     "attn_prompt": 40, "attn_gen": 24, "attn_block": 4, "attn_repeats": 2, "attn_batches": (1, 2),
-    "e2e_prompt": 12, "e2e_new": 8, "e2e_block": 4, "e2e_batches": (1, 2), "lopa_branches": 2,
+    "e2e_prompt": 12, "e2e_new": 32, "e2e_block": 4, "e2e_batches": (1, 2), "lopa_branches": 2,
     "e2e_families": ("llada-dry", "sdar-dry", "dream-dry"),
     "timeouts": {"confidence": 30, "e2e": 60, "attention": 30, "compile": 60, "tests": 60}, "budget": 150,
 }
@@ -279,29 +280,6 @@ def bench_attention(shape, device, dtype, backends, rows, deadline):
                 ref = ms if ref is None else ref
 
 
-@contextlib.contextmanager
-def forced_commits(model, k: int, mask_id: int, token: int):
-    """Every forward makes the first ``k`` masked slots of each row it returns logits for confident (+30 on
-    ``token``'s logit, a probability of about 1 against random logits), so a confidence rule commits ``k``
-    tokens per row and step, as a trained model would commit several. The logits' column ``c`` is input
-    position ``logits_range[0] + c`` (the model applies Dream's shift itself)."""
-
-    def hook(module, args, kwargs, output):
-        ids = kwargs.get("input_ids")
-        if ids is None or k <= 0:
-            return
-        a, b = kwargs.get("logits_range") or (0, ids.shape[1])
-        masked = ids[:, a:b] == mask_id
-        first = masked & (masked.cumsum(1) <= k)
-        output.logits[..., token] += 30.0 * first.to(output.logits.dtype)
-
-    handle = model.register_forward_hook(hook, with_kwargs=True)
-    try:
-        yield model
-    finally:
-        handle.remove()
-
-
 @dataclasses.dataclass(frozen=True)
 class E2ECase:
     family: str
@@ -341,8 +319,10 @@ def _e2e_inputs(shape: dict, batch: int, vocab: int, eos_id: int, device: torch.
     return ids.to(device), mask.to(device)
 
 
-def run_generate(model, case: E2ECase, ids, mask, device, shape, tpf: int, *, warmups: int = 1) -> dict:
-    """One timed ``generate`` after ``warmups`` untimed ones: tokens/s, TPF, ms per forward, forwards' share."""
+def run_generate(model, case: E2ECase, ids, mask, device, shape, tpf: int, *, warmups: int = 1,
+                 host_reads: bool = False) -> dict:
+    """One timed ``generate`` after ``warmups`` untimed ones: tokens/s, TPF, ms per forward, forwards' share;
+    with ``host_reads``, one more untimed run counts the host synchronisations per forward (HostReads)."""
     view = block_causal_view(model, shape["e2e_block"]) if case.block_causal_view else contextlib.nullcontext()
     with view, forced_commits(model, tpf, model.config.mask_token_id, token=7):
         t0 = time.perf_counter()
@@ -354,16 +334,22 @@ def run_generate(model, case: E2ECase, ids, mask, device, shape, tpf: int, *, wa
         out = model.generate(ids, attention_mask=mask, generation_config=case.cfg)
         sync(device)
         wall = time.perf_counter() - t0
+        reads = None
+        if host_reads:
+            counter = HostReads()
+            with counter:
+                model.generate(ids, attention_mask=mask, generation_config=case.cfg)
+            reads = counter.total / max(1, int(out.num_forwards.max()))
     tokens = int(out.generated_tokens.sum())
     forwards = int(out.num_forwards.max())
     fwd_s = float(out.timings.get("forward_seconds", 0.0))
-    return {"wall": wall, "warm": warm, "tokens": tokens, "tpf": float(out.tpf.float().mean()),
+    return {"host_reads_per_forward": reads, "wall": wall, "warm": warm, "tokens": tokens, "tpf": float(out.tpf.float().mean()),
             "forwards": out.num_forwards.tolist(), "forward_seconds": fwd_s,
             "ms_per_forward": 1e3 * fwd_s / max(1, forwards), "forward_share": fwd_s / wall,
             "sequences": out.sequences.cpu()}
 
 
-def bench_e2e(shape, device, dtype, backends, tpf, rows, deadline, meta):
+def bench_e2e(shape, device, dtype, backends, tpf, rows, deadline, meta, host_reads=False):
     """Every family's cases at batch 1, then at each larger batch (the models stay loaded: 47 GB in bf16 at
     full size); the first backend for all, the others for the first two cases at batch 1 (compared token
     for token)."""
@@ -387,7 +373,8 @@ def bench_e2e(shape, device, dtype, backends, tpf, rows, deadline, meta):
                         ids, mask = _e2e_inputs(shape, batch, model.config.vocab_size, model.config.eos_token_id,
                                                 device)
                         model.set_attention_backend(be)
-                        r = run_generate(model, case, ids, mask, device, shape, tpf)
+                        r = run_generate(model, case, ids, mask, device, shape, tpf,
+                                         host_reads=host_reads and be == backends[0])
                     except Exception as err:  # noqa: BLE001
                         rows.append(row("e2e", name, be, note=f"error: {err!r}"[:160]))
                         continue
@@ -397,6 +384,8 @@ def bench_e2e(shape, device, dtype, backends, tpf, rows, deadline, meta):
                     same = None if first is None else bool(torch.equal(r["sequences"], first["sequences"]))
                     note = (f"TPF {r['tpf']:.2f}; {r['ms_per_forward']:.2f} ms/forward; forwards "
                             f"{100 * r['forward_share']:.0f}% of wall; warm-up {r['warm']:.1f} s")
+                    if r["host_reads_per_forward"] is not None:
+                        note += f"; {r['host_reads_per_forward']:.1f} host reads/forward"
                     if same is not None:
                         note += f"; tokens {'==' if same else '!='} {backends[0]}"
                     rows.append(row("e2e", name, be, ms=r["wall"] * 1e3, ref_ms=first and first["wall"] * 1e3,
@@ -519,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile-backend", default=None, help="torch.compile backend (default: inductor; eager "
                     "with --dry)")
     ap.add_argument("--test-paths", default="tests", help="what the tests section runs pytest -m gpu on")
+    ap.add_argument("--host-reads", action=argparse.BooleanOptionalAction, default=None, help="count the host "
+                    "synchronisations per forward in e2e (one more run per case; default: with --dry)")
     args = ap.parse_args(argv)
     check_output_args(ap, args.json)
     if args.tpf < 1:
@@ -557,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
                 elif name == "attention":
                     bench_attention(shape, device, dtype, backends, rows, deadline)
                 elif name == "e2e":
-                    bench_e2e(shape, device, dtype, backends, args.tpf, rows, deadline, meta)
+                    bench_e2e(shape, device, dtype, backends, args.tpf, rows, deadline, meta,
+                              host_reads=args.dry if args.host_reads is None else args.host_reads)
                 elif name == "compile":
                     bench_compile(shape, device, dtype, args.tpf, rows, deadline, compile_backend)
                 else:

@@ -5,6 +5,10 @@
 Batch 1, one prompt per suite, every strategy; the forward time is measured by the model runner
 around each model call (with CUDA synchronisation on GPU). Everything else -- policies, canvas
 bookkeeping, stopping checks -- is loop overhead. Strategies run interleaved, ``--repeats`` times.
+
+``host reads/fwd``: the reads of tensor values by Python per forward (``bool(t)``, ``.item()``,
+``.tolist()``, ``.cpu()``, ...), each a synchronisation that a GPU waits for, counted on the first prompt
+in an untimed run (``dllm.testing.HostReads``).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from dllm.eval.tasks import get_suite, suite_names
     from dllm.loading import load_model, resolve_model_path
+    from dllm.testing import HostReads
     from dllm.text import encode_prompts, load_tokenizer_for
 
     hf_logging.disable_progress_bar()
@@ -70,16 +75,28 @@ def main(argv: list[str] | None = None) -> None:
                 a["forward"] += out.timings["forward_seconds"]
                 a["forwards"] += int(out.num_forwards[0])
                 a["tokens"] += args.new_tokens
+    reads = {}
+    for label, key, overrides in STRATEGIES:  # untimed: the counting mode slows every torch call
+        model, tok = models[key]
+        ids, mask = encode_prompts(tok, [prompts[0]])
+        counter = HostReads()
+        with counter:
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=args.new_tokens,
+                                 block_length=args.block_length, stop_at_eos=False, return_dict_in_generate=True,
+                                 **overrides)
+        reads[label] = counter.total / max(1, int(out.num_forwards[0]))
     rows = []
-    print(f"{'strategy':<18} {'forward share':>13} {'forwards':>9} {'ms/forward':>11} {'overhead ms/step':>17}")
+    print(f"{'strategy':<18} {'forward share':>13} {'forwards':>9} {'ms/forward':>11} {'overhead ms/step':>17} "
+          f"{'host reads/fwd':>15}")
     for label, _, _ in STRATEGIES:
         a = acc[label]
         share = a["forward"] / a["total"] if a["total"] else 0.0
         ms_fwd = 1000 * a["forward"] / max(1, a["forwards"])
         ms_over = 1000 * (a["total"] - a["forward"]) / max(1, a["forwards"])
         rows.append({"strategy": label, "forward_share": share, "forwards": a["forwards"], "ms_per_forward": ms_fwd,
-                     "overhead_ms_per_step": ms_over})
-        print(f"{label:<18} {100 * share:>12.1f}% {a['forwards']:>9} {ms_fwd:>11.2f} {ms_over:>17.2f}")
+                     "overhead_ms_per_step": ms_over, "host_reads_per_forward": reads[label]})
+        print(f"{label:<18} {100 * share:>12.1f}% {a['forwards']:>9} {ms_fwd:>11.2f} {ms_over:>17.2f} "
+              f"{reads[label]:>15.1f}")
     print(f"batch=1 new_tokens={args.new_tokens} block={args.block_length} repeats={args.repeats} "
           f"torch_threads={torch.get_num_threads()} device={args.device or 'cpu'}")
     if args.json:

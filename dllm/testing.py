@@ -1,8 +1,16 @@
-"""Tiny random models for tests and examples (a few thousand parameters, CPU-fast)."""
+"""Tiny random models for tests and examples (a few thousand parameters, CPU-fast), and two probes of a
+decoding run: :func:`forced_commits` (random weights that commit a set number of tokens per forward) and
+:class:`HostReads` (the host synchronisations a GPU would make, counted on CPU)."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import traceback
+
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
 
 from .modeling import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
 
@@ -259,3 +267,84 @@ def save_tiny_block_checkpoint(directory, family: str, seed: int = 0, scale: flo
     (Path(directory) / "generation_config.json").write_text(json.dumps(gen, indent=4) + "\n")
     load_tokenizer_for(resolve_model_path("tiny")).save_pretrained(str(directory))
     return model
+
+
+@contextlib.contextmanager
+def forced_commits(model, k: int, mask_id: int, token: int):
+    """Every forward makes the first ``k`` masked slots of each row it returns logits for confident (+30 on
+    ``token``'s logit, a probability of about 1 against random logits), so a confidence rule commits ``k``
+    tokens per row and step, as a trained model commits several. The logits' column ``c`` is input
+    position ``logits_range[0] + c`` (the model applies Dream's shift itself)."""
+
+    def hook(module, args, kwargs, output):
+        ids = kwargs.get("input_ids")
+        if ids is None or k <= 0:
+            return
+        a, b = kwargs.get("logits_range") or (0, ids.shape[1])
+        masked = ids[:, a:b] == mask_id
+        first = masked & (masked.cumsum(1) <= k)
+        output.logits[..., token] += 30.0 * first.to(output.logits.dtype)
+
+    handle = model.register_forward_hook(hook, with_kwargs=True)
+    try:
+        yield model
+    finally:
+        handle.remove()
+
+
+_READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__,
+          torch.Tensor.__index__, torch.Tensor.nonzero, torch.nonzero, torch.Tensor.numpy}
+
+
+class HostReads(TorchFunctionMode):
+    """Counts, on CPU, the reads of tensor values by Python that a GPU run would wait for (``.item()``,
+    ``bool(t)``, ``.tolist()``, ``.nonzero()``, ``.cpu()``, ...), by the file and line that made them.
+
+    On a CPU every tensor is already on the host, so this mode tracks where a GPU run's tensors would be:
+    a tensor made by ``.cpu()`` is a host tensor (the mode returns a copy, as a GPU run would), and so is
+    whatever is computed from host tensors alone; reading any other tensor is a synchronisation. Tensors
+    created from Python values without tensor inputs count as device tensors (``torch.tensor(...,
+    device=x.device)``), as they would be on a GPU.
+    """
+
+    def __init__(self, root: str | None = None) -> None:  # root: a folder whose frames name the reads
+        super().__init__()
+        self.reads: collections.Counter = collections.Counter()
+        self._host: set[int] = set()
+        self._root = root
+
+    @property
+    def total(self) -> int:
+        return sum(self.reads.values())
+
+    def _on_host(self, t: torch.Tensor) -> bool:
+        return t.untyped_storage().data_ptr() in self._host
+
+    def _count(self, what: str) -> None:
+        """One read, at the innermost frame outside torch (under ``root`` where given)."""
+        frames = [f for f in traceback.extract_stack(limit=24)[:-2] if "/torch/" not in f.filename]
+        if self._root is not None:
+            frames = [f for f in frames if f.filename.startswith(self._root)] or frames
+        where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+        self.reads[(what, where)] += 1
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        if func is torch.Tensor.cpu:
+            if not self._on_host(args[0]):
+                self._count("cpu")
+            out = func(*args, **kwargs)
+            if out.untyped_storage().data_ptr() == args[0].untyped_storage().data_ptr():
+                out = out.clone()  # on CPU .cpu() returns the tensor itself: a copy, as from a GPU
+            self._host.add(out.untyped_storage().data_ptr())
+            return out
+        host = bool(tensors) and all(self._on_host(t) for t in tensors)
+        if func in _READS and tensors and not host:
+            self._count(getattr(func, "__name__", str(func)))
+        out = func(*args, **kwargs)
+        if host:
+            for o in tree_flatten(out)[0]:
+                if isinstance(o, torch.Tensor):
+                    self._host.add(o.untyped_storage().data_ptr())
+        return out

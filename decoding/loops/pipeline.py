@@ -162,8 +162,8 @@ def d2f_fill(conf: torch.Tensor, rank: torch.Tensor, candidates: torch.Tensor, t
     that gets none fills its single best candidate by ``rank`` (the references rank this fallback by
     their ``sampling_strategy`` while the threshold always tests the probability)."""
     take = select_above(conf, candidates, tau)
-    if complete and not bool(take.any()):
-        take = select_best(rank, candidates)
+    if complete:  # decided on the device: no host synchronisation per block
+        take = torch.where(take.any(-1, keepdim=True), take, select_best(rank, candidates))
     return take
 
 
@@ -182,11 +182,11 @@ class D2FRule:
         self.conf = conf
         self.rank = ranking_confidence(cfg.d2f_confidence, logits, conf, temperature=temperature,
                                        top_p=cfg.top_p, top_k=cfg.top_k)
+        self.taus = per_row(self.state, "skip_threshold")  # once per step, not once per row
         return x0
 
     def fill_row(self, r: int, plan: RowPlan, start: int, candidates: torch.Tensor) -> torch.Tensor:
-        tau = self.state.option("skip_threshold")
-        tau = float(tau[r]) if torch.is_tensor(tau) else tau
+        tau = self.taus[r]
         take = torch.zeros_like(candidates[r])
         for b in plan.active():
             s, e = b.start - start, b.end - start
@@ -341,13 +341,16 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None):
         if not state.live:
             break
         # 1-2: append and activate, per row (with its own tau_add / tau_act where rows set them)
+        # (the plans read a host copy of the canvas: one transfer per step instead of a synchronisation per
+        # row and block on a GPU)
         taus = zip(per_row(state, "block_add_threshold"), per_row(state, "decoded_token_threshold"))
+        x_host = state.x.cpu()
         for r, (plan, (tau_add, tau_act)) in enumerate(zip(plans, taus)):
-            plan.append_and_activate(state.x[r], cfg, mask_id, tau_add, tau_act)
+            plan.append_and_activate(x_host[r], cfg, mask_id, tau_add, tau_act)
         # 3: rows with nothing left to decode are finished
-        finished = torch.tensor([not p.active() for p in plans], dtype=torch.bool, device=state.x.device)
-        if bool(finished.any()):
-            keep_rows(state.retire(finished, reason="length"))
+        finished = [not p.active() for p in plans]
+        if any(finished):
+            keep_rows(state.retire(torch.tensor(finished, device=state.x.device), reason="length"))
             if not state.live:
                 if join and state.incoming:
                     continue  # waiting rows join now
@@ -373,9 +376,10 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None):
                 if hit:
                     p.eos = True
         # 7: retire finished blocks in order
+        x_host = state.x.cpu()
         for r, p in enumerate(plans):
-            p.mark_done(state.x[r], mask_id, p.forwards)
-            p.retire_finished(state.x[r], mask_id)
+            p.mark_done(x_host[r], mask_id, p.forwards)
+            p.retire_finished(x_host[r], mask_id)
         keep_rows(state.pop_finished())
         yield
     return {"forward_seconds": runner.forward_seconds, "forwards": runner.forwards, "steps": steps}

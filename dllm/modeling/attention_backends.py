@@ -117,6 +117,7 @@ class MaskSpec:
     key_end: int
     key_valid: torch.Tensor | None
     device: torch.device
+    padded: bool | None = None  # whether key_valid holds a False slot, where known (None: checked on use)
     _dense: object = field(default=None, repr=False)
     _block: object = field(default=None, repr=False)
     dense_builds: int = 0  # how many times the dense mask was built (once per forward at most)
@@ -136,6 +137,7 @@ class MaskSpec:
                 policy=self.policy,
                 block_size=self.block_size,
                 prompt_length=self.prompt_length,
+                padded=self.padded,
             )
             self._dense = (mask,)
         return self._dense[0]

@@ -42,8 +42,12 @@ def build_attention_mask(
     policy: str,
     block_size: int | None,
     prompt_length: int | torch.Tensor | None,
+    padded: bool | None = None,
 ) -> torch.Tensor | None:
-    """Boolean mask [batch|1, 1, q, key_end] (True = may attend), or ``None`` when nothing is masked."""
+    """Boolean mask [batch|1, 1, q, key_end] (True = may attend), or ``None`` when nothing is masked.
+
+    ``padded``: whether ``key_valid`` holds a False slot, where the caller knows (None: checked here, a host
+    synchronisation on CUDA)."""
     mask = None
     if policy == "block_causal":
         if prompt_length is None:
@@ -61,7 +65,7 @@ def build_attention_mask(
         raise ValueError(f"unknown attention policy {policy!r}; valid: bidirectional, block_causal, block_diffusion")
     if key_valid is not None:
         kv = key_valid[:, :key_end].to(torch.bool)
-        if not bool(kv.all()):
+        if padded or (padded is None and not bool(kv.all())):
             pad = kv[:, None, None, :]
             mask = pad if mask is None else (mask & pad)
     return mask

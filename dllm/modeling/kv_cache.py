@@ -44,6 +44,7 @@ class DiffusionKVCache:
     length: int = 0  # slots [0, length) hold committed K/V
     extra: dict = field(default_factory=dict)  # decoder-owned side data (e.g. Dream's stored last logit)
     keep: torch.Tensor | None = None  # [batch, capacity] bool during one forward (see :meth:`keeping`)
+    _padding: tuple | None = field(default=None, repr=False, compare=False)  # (key_valid, its version, answer)
 
     @classmethod
     def allocate(
@@ -63,6 +64,14 @@ class DiffusionKVCache:
         keys = [torch.zeros(shape, dtype=dtype, device=key_valid.device) for _ in range(num_layers)]
         values = [torch.zeros(shape, dtype=dtype, device=key_valid.device) for _ in range(num_layers)]
         return cls(keys, values, key_valid, positions_from_mask(key_valid), prompt_length)
+
+    def has_padding(self) -> bool:
+        """Whether any slot is invalid (left padding). Computed once per ``key_valid`` tensor and version,
+        not once per forward: the answer is a host synchronisation on CUDA."""
+        kv, memo = self.key_valid, self._padding
+        if memo is None or memo[0] is not kv or memo[1] != kv._version:
+            memo = self._padding = (kv, kv._version, not bool(kv.all()))
+        return memo[2]
 
     @property
     def capacity(self) -> int:

@@ -280,6 +280,10 @@ def make_context(
         prompt_length = block_grid_origin(key_valid, prompt_length, block_size)
     if policy == "block_causal" and prompt_length is None:
         raise ValueError("a block-causal model needs prompt_length (the slot where generation starts)")
+    padded = None  # unknown: the mask builder checks key_valid
+    if cache is not None:  # the cache knows once per canvas, not once per forward (a host synchronisation)
+        padded = cache.has_padding()
+        key_valid = key_valid if padded else None
     spec_ = MaskSpec(
         policy=policy,
         block_size=block_size,
@@ -289,6 +293,7 @@ def make_context(
         key_end=key_end,
         key_valid=key_valid,
         device=device,
+        padded=padded,
     )
     backend = resolve_backend(attn_backend or requested_backend(), device, dtype)
     if policy == "block_diffusion" and backend == "flex":

@@ -1,0 +1,73 @@
+"""Host synchronisations of the decoding loops, counted on CPU (``dllm.testing.HostReads``): a GPU waits for
+each one, so the loops keep them to a few per step, independent of the batch size and the number of blocks."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from dllm.decoding.config import DiffusionGenerationConfig
+from dllm.testing import HostReads, forced_commits, tiny_llada
+
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def _run(strategy: str, batch: int, **kw) -> tuple[int, HostReads]:
+    model = tiny_llada(seed=1)
+    if strategy == "d2f":
+        model.spec = dataclasses.replace(model.spec, attention_policy="block_causal", block_size=4)  # a D2F view
+    gen = torch.Generator().manual_seed(batch)
+    ids = torch.randint(0, 60, (batch, 9), generator=gen)
+    mask = torch.ones_like(ids)
+    for r in range(batch):  # left padding on every other row
+        mask[r, : (r % 2) * 3] = 0
+    cfg = DiffusionGenerationConfig(strategy=strategy, max_new_tokens=32, block_length=4, stop_at_eos=False,
+                                    return_dict_in_generate=True, **kw)
+    reads = HostReads(root=ROOT)
+    with torch.no_grad(), forced_commits(model, 2, model.config.mask_token_id, token=7), reads:
+        out = model.generate(ids, attention_mask=mask, generation_config=cfg)
+    assert out.tpf.tolist() == [2.0] * batch  # two commits per forward: 16 forwards per row
+    return int(out.num_forwards.max()), reads
+
+
+@pytest.mark.parametrize("strategy,kw", [("threshold", {"cache": "dual", "threshold": 0.9}), ("d2f", {})],
+                         ids=["threshold-dual", "d2f"])
+def test_a_few_host_reads_per_forward_whatever_the_batch(strategy, kw):
+    forwards, one = _run(strategy, 1, **kw)
+    _, four = _run(strategy, 4, **kw)
+    assert forwards == 16
+    # per forward: the loop's exit test and the finished-rows test (d2f: two host copies of the canvas), and a
+    # few per call. Before the padding check moved to the cache and d2f's row plans read a host copy: 4.1 and
+    # 4.4 (threshold + dual), 13.8 and 41.3 (d2f) at batch 1 and 4; now 3.1, 3.5, 2.8 and 3.1
+    assert one.total <= 4 * forwards and four.total <= 4 * forwards, (one.reads, four.reads)
+
+
+def test_a_cached_forward_reads_nothing_back():
+    """The padding check of the attention mask is made once per cache (``DiffusionKVCache.has_padding``),
+    not once per forward."""
+    model = tiny_llada(seed=1)
+    ids = torch.randint(0, 60, (2, 12))
+    valid = torch.ones(2, 20, dtype=torch.bool)
+    valid[1, :3] = False
+    cache = model.allocate_cache(valid, prompt_length=12)
+    with torch.no_grad():
+        model(input_ids=ids, kv_cache=cache, cache_mode="fill")
+        reads = HostReads()
+        with reads:
+            for start in (12, 16):
+                model(input_ids=torch.full((2, 4), model.config.mask_token_id), kv_cache=cache, cache_mode="replace",
+                      cache_start=start)
+    assert reads.total == 0, reads.reads
+    valid[0, 0] = False  # changed in place: the cache checks again
+    assert cache.has_padding() and cache._padding[1] == valid._version
+
+
+def test_host_reads_tell_host_copies_from_device_values():
+    x = torch.arange(6)
+    with HostReads() as reads:
+        host = x.cpu()
+        int(host.sum())  # computed from the host copy: no wait
+        bool((x > 2).any())  # a device value read by Python
+        (x + 1).tolist()
+    assert reads.total == 3 and {what for what, _ in reads.reads} == {"cpu", "__bool__", "tolist"}
