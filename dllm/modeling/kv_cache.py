@@ -66,11 +66,13 @@ class DiffusionKVCache:
         return cls(keys, values, key_valid, positions_from_mask(key_valid), prompt_length)
 
     def has_padding(self) -> bool:
-        """Whether any slot is invalid (left padding). Computed once per ``key_valid`` tensor and version,
-        not once per forward: the answer is a host synchronisation on CUDA."""
+        """Whether any slot is invalid (left padding). Computed once per ``key_valid`` tensor, not once per
+        forward: the answer is a host synchronisation on CUDA. An in-place change of ``key_valid`` is seen
+        through ``Tensor._version``, except for inference-mode tensors, which keep no version (dllm replaces
+        a cache's ``key_valid`` rather than change it)."""
         kv, memo = self.key_valid, self._padding
-        if memo is None or memo[0] is not kv or memo[1] != kv._version:
-            memo = self._padding = (kv, kv._version, not bool(kv.all()))
+        if memo is None or memo[0] is not kv or memo[1] != _version(kv):
+            memo = self._padding = (kv, _version(kv), not bool(kv.all()))
         return memo[2]
 
     @property
@@ -108,10 +110,14 @@ class DiffusionKVCache:
     def select_rows(self, index: torch.Tensor | list[int]) -> DiffusionKVCache:
         """A cache holding only the given batch rows, in that order (finished rows leave; LoPA forks)."""
         index = torch.as_tensor(index, dtype=torch.long, device=self.key_valid.device)
+        key_valid = self.key_valid.index_select(0, index)
+        memo = self._padding
+        unpadded = memo is not None and memo[0] is self.key_valid and memo[1] == _version(self.key_valid) and not memo[2]
         return DiffusionKVCache(
             keys=[k.index_select(0, index) for k in self.keys],
             values=[v.index_select(0, index) for v in self.values],
-            key_valid=self.key_valid.index_select(0, index),
+            key_valid=key_valid,
+            _padding=(key_valid, _version(key_valid), False) if unpadded else None,  # rows of an unpadded canvas
             positions=self.positions.index_select(0, index),
             prompt_length=(self.prompt_length.index_select(0, index) if torch.is_tensor(self.prompt_length)
                            else self.prompt_length),
@@ -132,6 +138,11 @@ class DiffusionKVCache:
         for layer in range(len(self.keys)):
             self.keys[layer][dst, :, :end] = other.keys[layer][src, :, :end]
             self.values[layer][dst, :, :end] = other.values[layer][src, :, :end]
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """The tensor's in-place change count (None for an inference-mode tensor, which keeps none)."""
+    return None if t.is_inference() else t._version
 
 
 def positions_from_mask(key_valid: torch.Tensor) -> torch.Tensor:

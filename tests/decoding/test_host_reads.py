@@ -63,6 +63,18 @@ def test_a_cached_forward_reads_nothing_back():
     assert cache.has_padding() and cache._padding[1] == valid._version
 
 
+def test_the_padding_check_works_on_inference_tensors():
+    """Under torch.inference_mode tensors keep no version counter: the answer is kept per tensor."""
+    model = tiny_llada(seed=1)
+    with torch.inference_mode():
+        valid = torch.ones(2, 20, dtype=torch.bool)
+        cache = model.allocate_cache(valid, prompt_length=12)
+        assert not cache.has_padding() and not cache.select_rows([1]).has_padding()
+        model(input_ids=torch.randint(0, 60, (2, 12)), kv_cache=cache, cache_mode="fill")
+        cache.key_valid = torch.cat([torch.zeros(2, 1, dtype=torch.bool), valid[:, 1:]], 1)  # replaced: seen
+        assert cache.has_padding()
+
+
 def test_host_reads_tell_host_copies_from_device_values():
     x = torch.arange(6)
     with HostReads() as reads:
