@@ -1,6 +1,6 @@
 """GPU hot paths of decoding on 8B-shaped models (random weights): one table.
 
-    python benchmarks/gpu_bench.py --json gpu_bench.json          # CUDA (an H100: about 5 minutes)
+    python benchmarks/gpu_bench.py --json gpu_bench.json          # CUDA: at most 330 s (--budget)
     python benchmarks/gpu_bench.py --dry --json dry.json          # tiny shapes on CPU, well under a minute
 
 Sections, in the order they run (each under its own timeout and the total ``--budget``; a failing case or
@@ -343,10 +343,24 @@ def run_generate(model, case: E2ECase, ids, mask, device, shape, tpf: int, *, wa
     tokens = int(out.generated_tokens.sum())
     forwards = int(out.num_forwards.max())
     fwd_s = float(out.timings.get("forward_seconds", 0.0))
-    return {"host_reads_per_forward": reads, "wall": wall, "warm": warm, "tokens": tokens, "tpf": float(out.tpf.float().mean()),
-            "forwards": out.num_forwards.tolist(), "forward_seconds": fwd_s,
+    return {"wall": wall, "warm": warm, "tokens": tokens, "tpf": float(out.tpf.float().mean()),
+            "forwards": out.num_forwards.tolist(), "forward_seconds": fwd_s, "host_reads_per_forward": reads,
             "ms_per_forward": 1e3 * fwd_s / max(1, forwards), "forward_share": fwd_s / wall,
             "sequences": out.sequences.cpu()}
+
+
+def generate_row(section, case, variant, r: dict, first: dict | None, first_name: str, same_key: str, **extra):
+    """A table row of a ``run_generate`` result, against the case's first variant (speed and tokens)."""
+    same = None if first is None else bool(torch.equal(r["sequences"], first["sequences"]))
+    note = (f"TPF {r['tpf']:.2f}; {r['ms_per_forward']:.2f} ms/forward; forwards "
+            f"{100 * r['forward_share']:.0f}% of wall; warm-up {r['warm']:.1f} s")
+    if r["host_reads_per_forward"] is not None:
+        note += f"; {r['host_reads_per_forward']:.1f} host reads/forward"
+    if same is not None:
+        note += f"; tokens {'==' if same else '!='} {first_name}"
+    return row(section, case, variant, ms=r["wall"] * 1e3, ref_ms=first and first["wall"] * 1e3,
+               tok_s=r["tokens"] / r["wall"], note=note,
+               extra={k: v for k, v in r.items() if k != "sequences"} | {same_key: same, **extra})
 
 
 def bench_e2e(shape, device, dtype, backends, tpf, rows, deadline, meta, host_reads=False):
@@ -381,17 +395,7 @@ def bench_e2e(shape, device, dtype, backends, tpf, rows, deadline, meta, host_re
                     finally:
                         for m in models.values():
                             m.set_attention_backend(None)
-                    same = None if first is None else bool(torch.equal(r["sequences"], first["sequences"]))
-                    note = (f"TPF {r['tpf']:.2f}; {r['ms_per_forward']:.2f} ms/forward; forwards "
-                            f"{100 * r['forward_share']:.0f}% of wall; warm-up {r['warm']:.1f} s")
-                    if r["host_reads_per_forward"] is not None:
-                        note += f"; {r['host_reads_per_forward']:.1f} host reads/forward"
-                    if same is not None:
-                        note += f"; tokens {'==' if same else '!='} {backends[0]}"
-                    rows.append(row("e2e", name, be, ms=r["wall"] * 1e3, ref_ms=first and first["wall"] * 1e3,
-                                    tok_s=r["tokens"] / r["wall"], note=note,
-                                    extra={k: v for k, v in r.items() if k != "sequences"}
-                                    | {"same_tokens_as_first_backend": same}))
+                    rows.append(generate_row("e2e", name, be, r, first, backends[0], "same_tokens_as_first_backend"))
                     first = first or r
     finally:
         models.clear()
@@ -424,15 +428,8 @@ def bench_compile(shape, device, dtype, tpf, rows, deadline, compile_backend):
                     continue
                 finally:
                     model.forward = eager_forward
-                same = None if first is None else bool(torch.equal(r["sequences"], first["sequences"]))
-                note = (f"TPF {r['tpf']:.2f}; {r['ms_per_forward']:.2f} ms/forward; forwards "
-                        f"{100 * r['forward_share']:.0f}% of wall; 2 warm-ups {r['warm']:.1f} s")
-                if same is not None:
-                    note += f"; tokens {'==' if same else '!='} eager"
-                rows.append(row("compile", label, name, ms=r["wall"] * 1e3, ref_ms=first and first["wall"] * 1e3,
-                                tok_s=r["tokens"] / r["wall"], note=note,
-                                extra={k: v for k, v in r.items() if k != "sequences"}
-                                | {"same_tokens_as_eager": same, "backend": compile_backend}))
+                rows.append(generate_row("compile", label, name, r, first, "eager", "same_tokens_as_eager",
+                                         backend=compile_backend))
                 first = first or r
     finally:
         model.forward = eager_forward

@@ -70,10 +70,16 @@ class DiffusionKVCache:
         forward: the answer is a host synchronisation on CUDA. An in-place change of ``key_valid`` is seen
         through ``Tensor._version``, except for inference-mode tensors, which keep no version (dllm replaces
         a cache's ``key_valid`` rather than change it)."""
-        kv, memo = self.key_valid, self._padding
-        if memo is None or memo[0] is not kv or memo[1] != _version(kv):
-            memo = self._padding = (kv, _version(kv), not bool(kv.all()))
-        return memo[2]
+        known = self._known_padding()
+        if known is None:
+            known = not bool(self.key_valid.all())
+            self._padding = (self.key_valid, _version(self.key_valid), known)
+        return known
+
+    def _known_padding(self) -> bool | None:
+        """The remembered answer of :meth:`has_padding` while ``key_valid`` is unchanged, else None."""
+        memo, kv = self._padding, self.key_valid
+        return memo[2] if memo is not None and memo[0] is kv and memo[1] == _version(kv) else None
 
     @property
     def capacity(self) -> int:
@@ -111,8 +117,7 @@ class DiffusionKVCache:
         """A cache holding only the given batch rows, in that order (finished rows leave; LoPA forks)."""
         index = torch.as_tensor(index, dtype=torch.long, device=self.key_valid.device)
         key_valid = self.key_valid.index_select(0, index)
-        memo = self._padding
-        unpadded = memo is not None and memo[0] is self.key_valid and memo[1] == _version(self.key_valid) and not memo[2]
+        unpadded = self._known_padding() is False
         return DiffusionKVCache(
             keys=[k.index_select(0, index) for k in self.keys],
             values=[v.index_select(0, index) for v in self.values],

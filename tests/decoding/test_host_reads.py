@@ -59,8 +59,11 @@ def test_a_cached_forward_reads_nothing_back():
                 model(input_ids=torch.full((2, 4), model.config.mask_token_id), kv_cache=cache, cache_mode="replace",
                       cache_start=start)
     assert reads.total == 0, reads.reads
-    valid[0, 0] = False  # changed in place: the cache checks again
-    assert cache.has_padding() and cache._padding[1] == valid._version
+    unpadded = torch.ones(2, 20, dtype=torch.bool)
+    other = model.allocate_cache(unpadded, prompt_length=12)
+    assert other.key_valid is unpadded and not other.has_padding()
+    unpadded[0, 0] = False  # changed in place: the cache checks again
+    assert other.has_padding()
 
 
 def test_the_padding_check_works_on_inference_tensors():
