@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.modeling.kv_cache import DiffusionKVCache
+from dllm.modeling.kv_cache import DiffusionKVCache, tensor_version
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,7 @@ class ModelRunner:
         self.rules = rules or LogitRules()
         self.prompt_length = prompt_length
         self.key_valid = key_valid  # [batch, slots] bool over the whole canvas
+        self._padding: tuple | None = None  # (key_valid, its version, whether it holds padding)
         self.shift = bool(model.spec.logit_shift)
         self.forward_seconds = 0.0
         self.forwards = 0
@@ -96,6 +97,15 @@ class ModelRunner:
         self.rules.apply(logits, first_slot, self.prompt_length)
         return logits
 
+    def _has_padding(self) -> bool:
+        """Whether the canvas holds left padding, asked once per ``key_valid`` tensor rather than once per
+        forward (on a GPU the answer is a host synchronisation)."""
+        kv, memo = self.key_valid, self._padding
+        version = tensor_version(kv)
+        if memo is None or memo[0] is not kv or memo[1] != version:
+            memo = self._padding = (kv, version, not bool(kv.all()))
+        return memo[2]
+
     def select_rows(self, index: torch.Tensor) -> None:
         self.key_valid = self.key_valid.index_select(0, index)
         if torch.is_tensor(self.prompt_length):  # per-row prompt ends (rows joined the batch)
@@ -108,7 +118,11 @@ class ModelRunner:
         if cache is not None:
             return self._call(logits_from, input_ids=x, kv_cache=cache, cache_mode="fill",
                               logits_range=(logits_from, t), **model_kwargs)
-        kv = (self.key_valid if key_valid is None else key_valid)[:, :t]
+        kv = self.key_valid if key_valid is None else key_valid
+        if (kv is self.key_valid or kv._base is self.key_valid) and not self._has_padding():
+            kv = None  # rows of an unpadded canvas: no mask to build and no padding check in the model
+        else:
+            kv = kv[:, :t]
         return self._call(logits_from, input_ids=x, attention_mask=kv, prompt_length=self.prompt_length,
                           logits_range=(logits_from, t), **model_kwargs)
 

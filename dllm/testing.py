@@ -294,6 +294,9 @@ def forced_commits(model, k: int, mask_id: int, token: int):
 
 _READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__,
           torch.Tensor.__index__, torch.Tensor.nonzero, torch.nonzero, torch.Tensor.numpy}
+# tensors made from Python values: on the host unless a device is named
+_FACTORIES = {torch.zeros, torch.ones, torch.full, torch.empty, torch.tensor, torch.as_tensor, torch.arange,
+              torch.rand, torch.randn, torch.randint, torch.eye, torch.linspace}
 
 
 class HostReads(TorchFunctionMode):
@@ -302,15 +305,16 @@ class HostReads(TorchFunctionMode):
 
     On a CPU every tensor is already on the host, so this mode tracks where a GPU run's tensors would be:
     a tensor made by ``.cpu()`` is a host tensor (the mode returns a copy, as a GPU run would), and so is
-    whatever is computed from host tensors alone; reading any other tensor is a synchronisation. Tensors
-    created from Python values without tensor inputs count as device tensors (``torch.tensor(...,
-    device=x.device)``), as they would be on a GPU.
+    whatever is computed from host tensors alone; reading any other tensor is a synchronisation. A tensor
+    made from Python values (``torch.zeros``, ``torch.tensor``, ...) is a host tensor unless the call names a
+    ``device`` (``device=x.device`` is a GPU on a GPU run); ``.to(device)`` of a host tensor makes a device
+    copy, ``.to("cpu")`` a host one.
     """
 
     def __init__(self, root: str | None = None) -> None:  # root: a folder whose frames name the reads
         super().__init__()
         self.reads: collections.Counter = collections.Counter()
-        self._host: set[int] = set()
+        self._token = object()  # marks this mode's host tensors (storage addresses are reused once freed)
         self._root = root
 
     @property
@@ -318,7 +322,15 @@ class HostReads(TorchFunctionMode):
         return sum(self.reads.values())
 
     def _on_host(self, t: torch.Tensor) -> bool:
-        return t.untyped_storage().data_ptr() in self._host
+        return getattr(t, "_dllm_host_reads", None) is self._token
+
+    def _mark(self, t: torch.Tensor) -> None:
+        t._dllm_host_reads = self._token
+
+    @staticmethod
+    def _names_device(args, kwargs) -> bool:
+        """Whether a ``Tensor.to`` call moves to a device (not just a dtype)."""
+        return "device" in kwargs or any(isinstance(a, (torch.device, str, torch.Tensor)) for a in args[:1])
 
     def _count(self, what: str) -> None:
         """One read, at the innermost frame outside torch (under ``root`` where given)."""
@@ -337,14 +349,25 @@ class HostReads(TorchFunctionMode):
             out = func(*args, **kwargs)
             if out.untyped_storage().data_ptr() == args[0].untyped_storage().data_ptr():
                 out = out.clone()  # on CPU .cpu() returns the tensor itself: a copy, as from a GPU
-            self._host.add(out.untyped_storage().data_ptr())
+            self._mark(out)
+            return out
+        if func is torch.Tensor.to and self._names_device(args[1:], kwargs):
+            target = kwargs.get("device", args[1] if len(args) > 1 else None)
+            if target == "cpu":
+                return self.__torch_function__(torch.Tensor.cpu, types, (args[0],)).to(*args[2:], **{
+                    k: v for k, v in kwargs.items() if k != "device"})
+            out = func(*args, **kwargs)
+            if out.untyped_storage().data_ptr() == args[0].untyped_storage().data_ptr():
+                out = out.clone()  # on CPU .to(device) may return the tensor itself: a device copy on a GPU
             return out
         host = bool(tensors) and all(self._on_host(t) for t in tensors)
+        if func in _FACTORIES and not tensors and "device" not in kwargs:
+            host = True
         if func in _READS and tensors and not host:
             self._count(getattr(func, "__name__", str(func)))
         out = func(*args, **kwargs)
         if host:
             for o in tree_flatten(out)[0]:
                 if isinstance(o, torch.Tensor):
-                    self._host.add(o.untyped_storage().data_ptr())
+                    self._mark(o)
         return out

@@ -319,10 +319,14 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None):
     steps = 0
     join = state.joining and window.joins_rows
 
+    x_host = None  # the plans' host copy of the canvas, carried from one step's end to the next step
+
     def keep_rows(keep):
-        nonlocal plans
+        nonlocal plans, x_host
         if keep is not None:
-            plans = [plans[i] for i in keep.tolist()]
+            kept = keep.tolist()
+            plans = [plans[i] for i in kept]
+            x_host = x_host[kept] if x_host is not None else None
             runner.select_rows(keep)
             if window.cache is not None:
                 window.cache = window.cache.select_rows(keep)
@@ -334,6 +338,7 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None):
             if may_join(state, place_at=place, window_end=window_end, block=B):
                 joined, shift, window.cache = poll(state, place_at=place, runner=runner, cache=window.cache)
                 if joined:
+                    x_host = None  # the canvas was re-laid out
                     for p in plans:
                         p.shift(shift)
                     first, _ = state.row_spans()
@@ -342,9 +347,10 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None):
             break
         # 1-2: append and activate, per row (with its own tau_add / tau_act where rows set them)
         # (the plans read a host copy of the canvas: one transfer per step instead of a synchronisation per
-        # row and block on a GPU)
+        # row and block on a GPU; the copy made after the last commit serves, unless rows joined)
         taus = zip(per_row(state, "block_add_threshold"), per_row(state, "decoded_token_threshold"))
-        x_host = state.x.cpu()
+        if x_host is None:
+            x_host = state.x.cpu()
         for r, (plan, (tau_add, tau_act)) in enumerate(zip(plans, taus)):
             plan.append_and_activate(x_host[r], cfg, mask_id, tau_add, tau_act)
         # 3: rows with nothing left to decode are finished
@@ -369,14 +375,15 @@ def decode_pipeline(model, state: DecodeState, gen: torch.Generator | None):
         x0 = rule.choose(logits, gen)
         candidates = state.x[:, start:end] == mask_id
         transfer = torch.stack([rule.fill_row(r, p, start, candidates) for r, p in enumerate(plans)])
+        was_masked = x_host[:, start:end] == mask_id  # before the commit (on a CPU, x_host is state.x itself)
         state.commit(start, transfer, x0)
-        if state.eos:
-            committed_eos = (state.eos.match(state.x[:, start:end]) & transfer).any(-1).tolist()
+        x_host = state.x.cpu()
+        if state.eos:  # committed this step: masked before, a token now (read on the host copy)
+            committed_eos = (state.eos.match(x_host[:, start:end]) & was_masked).any(-1).tolist()
             for p, hit in zip(plans, committed_eos):
                 if hit:
                     p.eos = True
         # 7: retire finished blocks in order
-        x_host = state.x.cpu()
         for r, p in enumerate(plans):
             p.mark_done(x_host[r], mask_id, p.forwards)
             p.retire_finished(x_host[r], mask_id)

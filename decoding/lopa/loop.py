@@ -30,18 +30,38 @@ def _settings(state: DecodeState, *, use_cache: bool, remasking: str, fill_confi
 
 @dataclass
 class _Books:
-    winners: list = field(default_factory=list)  # per original row: winner id of each round it took part in
+    rows: int = 0  # rows of the batch so far (original ids 0 .. rows - 1)
     rounds: int = 0
     slot_rows: int = 0  # branch rows forwarded, all rounds (compute actually spent)
     commit_diff: float = 0.0
+    # per round: the live rows' original ids (device), their winners and whether each took part (host; None:
+    # all did). The ids are read back once, after the loop, rather than once per round.
+    log: list = field(default_factory=list)
 
     def grow(self, rows: int) -> None:
         """Rows joined: the batch has ``rows`` rows so far."""
-        self.winners += [[] for _ in range(rows - len(self.winners))]
+        self.rows = max(self.rows, rows)
+
+    def record(self, original_rows: torch.Tensor, winners: torch.Tensor, took_part: list | None = None) -> None:
+        self.log.append((original_rows, winners, took_part))
+
+    def winners(self) -> list[list[int]]:
+        """Per original row: the winner id of each round it took part in."""
+        out = [[] for _ in range(self.rows)]
+        if not self.log:
+            return out
+        ids = torch.cat([rows for rows, _, _ in self.log]).tolist()
+        i = 0
+        for rows, won, took in self.log:
+            for r, w in enumerate(won.tolist()):
+                if took is None or took[r]:
+                    out[ids[i + r]].append(w)
+            i += len(rows)
+        return out
 
     def stats(self, ex, k: int) -> dict:
         return {"forward_seconds": ex.forward_seconds, "forwards": ex.forwards, "steps": self.rounds,
-                "lopa_branches": k, "lopa_winners": self.winners, "lopa_branch_rows": self.slot_rows,
+                "lopa_branches": k, "lopa_winners": self.winners(), "lopa_branch_rows": self.slot_rows,
                 "lopa_commit_max_rel_diff": self.commit_diff}
 
 
@@ -63,6 +83,14 @@ def _adopt(state: DecodeState, xc: torch.Tensor, start: int, width: int, winners
         state.commit(start, transfer.to(dev), tokens.to(dev))
 
 
+
+
+def _to_host(score: torch.Tensor, digest: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The round's branch scores [n] (and K/V digests [n, d]) in one host copy."""
+    if digest is None:
+        return score.detach().cpu(), None
+    both = torch.cat([score.detach().double()[:, None], digest.detach().double()], 1).cpu()
+    return both[:, 0], both[:, 1:]
 
 
 def _join(state: DecodeState, ex, place_at: int) -> tuple[int, int]:
@@ -92,10 +120,11 @@ def _decode_block_causal(model, state: DecodeState, gen, factory):
                  settings=_settings(state, use_cache=True, remasking="low_confidence", fill_confidence=cfg.d2f_confidence),
                  generator=gen, cfg=cfg)
     tol = digest_tolerance(model.get_input_embeddings().weight.dtype)
-    books = _Books(winners=[[] for _ in range(state.live)])
+    books = _Books(rows=state.live)
     plans = [RowPlan(P) for _ in range(state.live)]
     looks: list[list[tuple[int, int, float]]] = [[] for _ in plans]  # absolute slot, token, confidence
     join = state.joining
+    xc = None  # host copy of the canvas, carried from one round's end to the next round (re-read when rows join)
     try:
         while True:
             if join:  # before every round new rows may join, as in the D2F pipeline
@@ -103,6 +132,7 @@ def _decode_block_causal(model, state: DecodeState, gen, factory):
                 window_end = max((p.end for p in plans), default=place)
                 if state.incoming and may_join(state, place_at=place, window_end=window_end, block=B):
                     joined, shift = _join(state, ex, place)
+                    xc = None
                     for p in plans:
                         p.shift(shift)
                     looks = [[(pos - shift, tok, c) for pos, tok, c in row] for row in looks]
@@ -114,7 +144,8 @@ def _decode_block_causal(model, state: DecodeState, gen, factory):
             if not state.live:
                 break
             R = state.live
-            xc = state.x.cpu()  # block bookkeeping reads a host copy (no device sync per block)
+            if xc is None:
+                xc = state.x.cpu()  # block bookkeeping reads a host copy (no device sync per block)
             # 1-2: append / activate, per branch (the anchor in place, lookaheads on copies)
             slot_plans = [[None] * R for _ in range(G)]
             for r, plan in enumerate(plans):
@@ -135,7 +166,7 @@ def _decode_block_causal(model, state: DecodeState, gen, factory):
                 kl = keep.tolist()
                 plans, looks = [plans[i] for i in kl], [looks[i] for i in kl]
                 slot_plans = [[g[i] for i in kl] for g in slot_plans]
-                xc = xc[keep.cpu()]
+                xc = xc[kl]
                 ex.select_rows(keep)
                 if not state.live:
                     if join and state.incoming:
@@ -176,12 +207,14 @@ def _decode_block_causal(model, state: DecodeState, gen, factory):
                     for b in sp.blocks:
                         if b.state == TO_CACHE:
                             b.state = IN_CACHE  # cached by this forward, identically in every branch
-            winners = select_winners(res.score, R, G, cfg.lopa_force_anchor)
-            if res.digest is not None and bool((spans[:, 1] > spans[:, 0]).any()):
-                books.commit_diff = max(books.commit_diff, check_commit_noop(res.digest, winners, R, G, spans, tol))
-            for r in range(R):
-                books.winners[int(state.rows[r])].append(int(winners[r]))
+            checked = res.digest is not None and bool((spans[:, 1] > spans[:, 0]).any())
+            score, digest = _to_host(res.score, res.digest if checked else None)
+            winners = select_winners(score, R, G, cfg.lopa_force_anchor)
+            if checked:
+                books.commit_diff = max(books.commit_diff, check_commit_noop(digest, winners, R, G, spans, tol))
+            books.record(state.rows, winners)
             # adopt the winners: canvas (+ its extra token), block plan, logits
+            was_masked = xc[:, start:end] == mask_id  # before this round's commits (on a CPU xc is state.x itself)
             _adopt(state, xc, start, end - start, winners, looks)
             plans = [slot_plans[int(winners[r])][r] for r in range(R)]
             x0 = gather_rows(res.x0, winners, R).to(state.x.device)
@@ -196,8 +229,9 @@ def _decode_block_causal(model, state: DecodeState, gen, factory):
                     transfer[r, s:e] |= d2f_fill(conf[r: r + 1, s:e], fill[r: r + 1, s:e], candidates[r: r + 1, s:e],
                                                  cfg.skip_threshold, b.complete)[0]
             state.commit(start, transfer, x0)
-            xc, tc = state.x.cpu(), transfer.cpu()
-            if eos:
+            xc = state.x.cpu()
+            if eos:  # filled this round (the adopted lookahead token too, whose EOS its plan already has)
+                tc = was_masked & (xc[:, start:end] != mask_id)
                 committed_eos = (eos.match(xc[:, start:end]) & tc).any(-1).tolist()
                 for p, hit in zip(plans, committed_eos):
                     if hit:
@@ -208,7 +242,7 @@ def _decode_block_causal(model, state: DecodeState, gen, factory):
             keep = state.pop_finished()
             if keep is not None:
                 kl = keep.tolist()
-                plans = [plans[i] for i in kl]
+                plans, xc = [plans[i] for i in kl], xc[kl]
                 x0, conf, rank = x0[keep], conf[keep], rank[keep]
                 ex.select_rows(keep)
             # lookahead branches for the next round: top-k remaining masked slots of active blocks
@@ -236,7 +270,7 @@ def _decode_semi_ar(model, state: DecodeState, gen, factory):
     spb = cfg.steps_per_block()
     ex = factory(model, groups=G, key_valid=state.key_valid,
                  settings=_settings(state, use_cache=cfg.cache != "none", remasking=cfg.remasking), generator=gen, cfg=cfg)
-    books = _Books(winners=[[] for _ in range(state.live)])
+    books = _Books(rows=state.live)
     blk, s = 0, state.P
     try:
         while True:
@@ -258,13 +292,14 @@ def _decode_semi_ar(model, state: DecodeState, gen, factory):
             looks: list[list[tuple[int, int, float]]] = [[] for _ in range(state.live)]
             i = 0
             while state.live:
-                need = state.masked(s, e).any(-1)
-                if not bool(need.any()):
+                xc = state.x.cpu()  # one host copy per round: the block's masks and the lookahead slots
+                need_host = (xc[:, s:e] == state.mask_id).any(-1)
+                if not bool(need_host.any()):
                     break
                 if cfg.cache == "dual" and cfg.dual_cache_step_bound and i >= spb:
                     break
+                need = state.masked(s, e).any(-1)
                 R = state.live
-                xc = state.x.cpu()
                 T = xc.shape[1]
                 if cfg.cache == "none":
                     kind, end, keep_prefix = "full", T, None
@@ -293,9 +328,7 @@ def _decode_semi_ar(model, state: DecodeState, gen, factory):
                 books.rounds += 1
                 books.slot_rows += R if dedupe else G * R
                 winners = select_winners(res.score, R, G, cfg.lopa_force_anchor)
-                for r in range(R):
-                    if bool(need[r]):
-                        books.winners[int(state.rows[r])].append(int(winners[r]))
+                books.record(state.rows, winners, need_host.tolist())
                 _adopt(state, xc, s, B, winners, looks)
                 x0 = gather_rows(res.x0, winners, R).to(state.x.device)
                 conf = gather_rows(res.conf, winners, R).to(state.x.device)

@@ -59,15 +59,18 @@ def top_lookaheads(conf: torch.Tensor, tokens: torch.Tensor, candidates: torch.T
     if k <= 0:
         return [[] for _ in range(conf.shape[0])]
     c = torch.where(candidates, conf.double(), torch.full_like(conf, NEG_INF, dtype=torch.float64))
-    order = torch.sort(c, dim=-1, descending=True, stable=True).indices[:, :k].cpu()
-    cand, tok, cf = candidates.cpu(), tokens.cpu(), conf.double().cpu()
+    order = torch.sort(c, dim=-1, descending=True, stable=True).indices[:, :k]
+    # one host copy of (offset, candidate?, token, confidence) at the k best offsets; float64 holds every
+    # offset and token id exactly
+    picked = torch.stack([order.double(), candidates.gather(1, order).double(), tokens.gather(1, order).double(),
+                          conf.double().gather(1, order)], -1).cpu().tolist()
     out = []
-    for r in range(conf.shape[0]):
+    for row_picks in picked:
         row = []
-        for i in order[r].tolist():
-            if not bool(cand[r, i]):
+        for i, is_cand, tok, cf in row_picks:
+            if not is_cand:
                 break
-            row.append((i, int(tok[r, i]), float(cf[r, i])))
+            row.append((int(i), int(tok), cf))
         out.append(row)
     return out
 

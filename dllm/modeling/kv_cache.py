@@ -73,13 +73,13 @@ class DiffusionKVCache:
         known = self._known_padding()
         if known is None:
             known = not bool(self.key_valid.all())
-            self._padding = (self.key_valid, _version(self.key_valid), known)
+            self._padding = (self.key_valid, tensor_version(self.key_valid), known)
         return known
 
     def _known_padding(self) -> bool | None:
         """The remembered answer of :meth:`has_padding` while ``key_valid`` is unchanged, else None."""
         memo, kv = self._padding, self.key_valid
-        return memo[2] if memo is not None and memo[0] is kv and memo[1] == _version(kv) else None
+        return memo[2] if memo is not None and memo[0] is kv and memo[1] == tensor_version(kv) else None
 
     @property
     def capacity(self) -> int:
@@ -122,7 +122,7 @@ class DiffusionKVCache:
             keys=[k.index_select(0, index) for k in self.keys],
             values=[v.index_select(0, index) for v in self.values],
             key_valid=key_valid,
-            _padding=(key_valid, _version(key_valid), False) if unpadded else None,  # rows of an unpadded canvas
+            _padding=(key_valid, tensor_version(key_valid), False) if unpadded else None,  # rows of an unpadded canvas
             positions=self.positions.index_select(0, index),
             prompt_length=(self.prompt_length.index_select(0, index) if torch.is_tensor(self.prompt_length)
                            else self.prompt_length),
@@ -145,7 +145,7 @@ class DiffusionKVCache:
             self.values[layer][dst, :, :end] = other.values[layer][src, :, :end]
 
 
-def _version(t: torch.Tensor) -> int | None:
+def tensor_version(t: torch.Tensor) -> int | None:
     """The tensor's in-place change count (None for an inference-mode tensor, which keeps none)."""
     return None if t.is_inference() else t._version
 

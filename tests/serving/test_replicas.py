@@ -33,6 +33,18 @@ def _ray_processes() -> list[psutil.Process]:
     return found
 
 
+def _replicas() -> list[psutil.Process]:
+    """Live Ray Serve replica processes (a killed one stays a zombie until Ray reaps it: not alive)."""
+    found = []
+    for p in _ray_processes():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "ServeReplica" in " ".join(p.info["cmdline"] or [p.info["name"]]):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
 def _chat(url: str, prompt: str, timeout: float = 60) -> httpx.Response:
     return httpx.post(url + "/v1/chat/completions", timeout=timeout,
                       json={"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": 8})
@@ -100,7 +112,7 @@ def test_two_replicas_answer_like_one_server_and_recover(ckpt, single_answers):
 
         # Kill one replica's process: every request still gets an answer or a retryable error, never a hang,
         # and Ray Serve brings the replica count back to two.
-        victims = [p for p in _ray_processes() if "ServeReplica" in " ".join(p.cmdline() or [p.name()])]
+        victims = _replicas()
         assert len(victims) == 2, [p.name() for p in victims]
         victims[0].kill()
         statuses = []
@@ -116,7 +128,7 @@ def test_two_replicas_answer_like_one_server_and_recover(ckpt, single_answers):
             if reply.status_code == 200:
                 assert reply.json()["choices"][0]["message"]["content"] == single_answers[PROMPTS[0]]
                 recovered.add(reply.headers["x-dllm-replica"])
-            alive = [p for p in _ray_processes() if "ServeReplica" in " ".join(p.cmdline() or [p.name()])]
+            alive = _replicas()
             if len(alive) == 2 and len(recovered) == 2:
                 break
             time.sleep(0.5)
