@@ -72,8 +72,8 @@ def decode_sdar(model, state: DecodeState, gen: torch.Generator | None):
         first = False
         if not state.live:
             break
-        lo = int(cur.min())
-        hi = min(width, int(cur.max()) + B)
+        lo, top = torch.stack(torch.aminmax(cur)).tolist()  # one host read per block
+        hi = min(width, top + B)
         if lo >= hi:
             break
         window = windows(cur, 0, B, lo, hi) & (torch.arange(lo, hi, device=state.x.device)[None, :] < budget[:, None])
