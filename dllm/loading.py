@@ -13,20 +13,20 @@ from .modeling import DiffusionLM, family_of
 from .modeling.configuration import ATTENTION_POLICIES
 
 BUNDLED_DIR = Path(__file__).parent / "bundled"
-BUNDLED_MODELS = {"tiny": "tiny", "tiny-d2f": "tiny-d2f"}
+BUNDLED_MODELS = {"tiny": "tiny", "tiny-d2f": "tiny-d2f", "tiny-long": "tiny-long"}
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 
 
 def resolve_model_path(name_or_path: str | Path) -> Path:
-    """``tiny`` / ``tiny-d2f`` -> the bundled directory; anything else must be a local directory."""
+    """``tiny`` / ``tiny-d2f`` / ``tiny-long`` -> the bundled directory; anything else must be a local directory."""
     name = str(name_or_path)
     if name in BUNDLED_MODELS:
         path = BUNDLED_DIR / BUNDLED_MODELS[name]
         if not (path / "config.json").exists():
             raise CheckpointError(
                 f"the bundled model {name!r} is not in this installation ({path} is missing); "
-                "reinstall dllm or train it with `dllm train sft --config recipes/tiny-sft.yaml`"
+                "reinstall dllm, or train it by the recipes in the repository's recipes/ (docs/training.md)"
             )
         return path
     path = Path(name).expanduser()

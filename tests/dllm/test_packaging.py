@@ -62,6 +62,8 @@ def test_wheel_holds_packages_bundled_models_and_licence(wheel):
         for f in shipped:
             assert f"dllm/bundled/{model_dir.name}/{f}" in names, f
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    installed = sum(info.file_size for info in zipfile.ZipFile(wheel).infolist())
+    assert installed <= 100 * 2**20, f"the installed package would take {installed / 2**20:.1f} MiB (at most 100)"
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
     text = zipfile.ZipFile(wheel).read(meta).decode()
     assert "License-Expression: Apache-2.0" in text

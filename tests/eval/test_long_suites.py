@@ -239,6 +239,9 @@ def test_training_and_grpo_accept_the_long_suites(pools):
     assert cfg.data.tasks == {"sudoku9": 1.0, "chain": 0.5} and cfg.data.max_new_tokens == 256
     with pytest.raises(ConfigError, match="valid suites: .*sudoku9, longlists, chain"):
         load_config(SFTConfig, RECIPE, ["data.tasks={sudoku10: 1.0}"])
+    phase2 = load_config(SFTConfig, RECIPE.replace("sft.yaml", "sft-phase2.yaml"))  # the bundled model's last phase
+    assert phase2.data.tasks == dict.fromkeys(LONG, 1.0) and phase2.data.max_new_tokens == 256
+    assert phase2.t_min == 0.0 and phase2.model.path == "runs/tiny-long/final"
     exs = [pools[n][1][0] for n in LONG]
     correct, reward = Scorer()(exs, [e.answer for e in exs])
     assert correct == [True] * 3 and reward == [1.0] * 3
