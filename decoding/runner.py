@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm.modeling.kv_cache import DiffusionKVCache, tensor_version
+from dllm.modeling.kv_cache import DiffusionKVCache, padding_memo, recalled_padding
 
 
 @dataclass(frozen=True)
@@ -100,11 +100,11 @@ class ModelRunner:
     def _has_padding(self) -> bool:
         """Whether the canvas holds left padding, asked once per ``key_valid`` tensor rather than once per
         forward (on a GPU the answer is a host synchronisation)."""
-        kv, memo = self.key_valid, self._padding
-        version = tensor_version(kv)
-        if memo is None or memo[0] is not kv or memo[1] != version:
-            memo = self._padding = (kv, version, not bool(kv.all()))
-        return memo[2]
+        known = recalled_padding(self._padding, self.key_valid)
+        if known is None:
+            self._padding = padding_memo(self.key_valid)
+            known = self._padding[2]
+        return known
 
     def select_rows(self, index: torch.Tensor) -> None:
         self.key_valid = self.key_valid.index_select(0, index)

@@ -330,7 +330,7 @@ class HostReads(TorchFunctionMode):
     @staticmethod
     def _names_device(args, kwargs) -> bool:
         """Whether a ``Tensor.to`` call moves to a device (not just a dtype)."""
-        return "device" in kwargs or any(isinstance(a, (torch.device, str, torch.Tensor)) for a in args[:1])
+        return "device" in kwargs or (bool(args) and isinstance(args[0], (torch.device, str, torch.Tensor)))
 
     def _count(self, what: str) -> None:
         """One read, at the innermost frame outside torch (under ``root`` where given)."""
@@ -353,9 +353,11 @@ class HostReads(TorchFunctionMode):
             return out
         if func is torch.Tensor.to and self._names_device(args[1:], kwargs):
             target = kwargs.get("device", args[1] if len(args) > 1 else None)
-            if target == "cpu":
-                return self.__torch_function__(torch.Tensor.cpu, types, (args[0],)).to(*args[2:], **{
-                    k: v for k, v in kwargs.items() if k != "device"})
+            if target == "cpu":  # a host copy (then any dtype change, on the host)
+                out = self.__torch_function__(torch.Tensor.cpu, types, (args[0],))
+                out = out.to(*args[2:], **{k: v for k, v in kwargs.items() if k != "device"})
+                self._mark(out)
+                return out
             out = func(*args, **kwargs)
             if out.untyped_storage().data_ptr() == args[0].untyped_storage().data_ptr():
                 out = out.clone()  # on CPU .to(device) may return the tensor itself: a device copy on a GPU

@@ -70,16 +70,11 @@ class DiffusionKVCache:
         forward: the answer is a host synchronisation on CUDA. An in-place change of ``key_valid`` is seen
         through ``Tensor._version``, except for inference-mode tensors, which keep no version (dllm replaces
         a cache's ``key_valid`` rather than change it)."""
-        known = self._known_padding()
+        known = recalled_padding(self._padding, self.key_valid)
         if known is None:
-            known = not bool(self.key_valid.all())
-            self._padding = (self.key_valid, tensor_version(self.key_valid), known)
+            self._padding = padding_memo(self.key_valid)
+            known = self._padding[2]
         return known
-
-    def _known_padding(self) -> bool | None:
-        """The remembered answer of :meth:`has_padding` while ``key_valid`` is unchanged, else None."""
-        memo, kv = self._padding, self.key_valid
-        return memo[2] if memo is not None and memo[0] is kv and memo[1] == tensor_version(kv) else None
 
     @property
     def capacity(self) -> int:
@@ -117,12 +112,12 @@ class DiffusionKVCache:
         """A cache holding only the given batch rows, in that order (finished rows leave; LoPA forks)."""
         index = torch.as_tensor(index, dtype=torch.long, device=self.key_valid.device)
         key_valid = self.key_valid.index_select(0, index)
-        unpadded = self._known_padding() is False
+        unpadded = recalled_padding(self._padding, self.key_valid) is False
         return DiffusionKVCache(
             keys=[k.index_select(0, index) for k in self.keys],
             values=[v.index_select(0, index) for v in self.values],
             key_valid=key_valid,
-            _padding=(key_valid, tensor_version(key_valid), False) if unpadded else None,  # rows of an unpadded canvas
+            _padding=padding_memo(key_valid, False) if unpadded else None,  # rows of an unpadded canvas
             positions=self.positions.index_select(0, index),
             prompt_length=(self.prompt_length.index_select(0, index) if torch.is_tensor(self.prompt_length)
                            else self.prompt_length),
@@ -145,9 +140,20 @@ class DiffusionKVCache:
             self.values[layer][dst, :, :end] = other.values[layer][src, :, :end]
 
 
-def tensor_version(t: torch.Tensor) -> int | None:
+def _version(t: torch.Tensor) -> int | None:
     """The tensor's in-place change count (None for an inference-mode tensor, which keeps none)."""
     return None if t.is_inference() else t._version
+
+
+def padding_memo(key_valid: torch.Tensor, padded: bool | None = None) -> tuple:
+    """``(key_valid, its version, whether it holds a False slot)``: ``padded`` where the caller knows it,
+    else checked here (a host synchronisation on CUDA, so callers keep the memo)."""
+    return key_valid, _version(key_valid), (not bool(key_valid.all())) if padded is None else padded
+
+
+def recalled_padding(memo: tuple | None, key_valid: torch.Tensor) -> bool | None:
+    """The answer of a :func:`padding_memo` while it is about this ``key_valid``, unchanged; else None."""
+    return memo[2] if memo is not None and memo[0] is key_valid and memo[1] == _version(key_valid) else None
 
 
 def positions_from_mask(key_valid: torch.Tensor) -> torch.Tensor:

@@ -120,8 +120,9 @@ def test_host_reads_follow_tensors_made_on_the_host_and_moved():
         moved = flags.to(torch.device("cpu"))  # .to(device): a device copy
         assert moved is not flags
         bool(moved.any())
-        back = moved.to("cpu")  # .to("cpu"): a host copy, one read
+        back = moved.to("cpu", torch.float64)  # .to("cpu"): a host copy, one read (dtype changed on the host)
         bool(back.any())
+        assert back.dtype == torch.float64
     assert reads.total == 2 and {what for what, _ in reads.reads} == {"__bool__", "cpu"}
 
 
