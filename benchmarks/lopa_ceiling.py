@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch-size", type=int, default=25)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--plot", default=None, metavar="PATH.png", help="accuracy-vs-TPF Pareto chart of every "
+                    "decoded row, one per suite (PATH-<suite>.png)")
     ap.add_argument("--reference", action="store_true", help="no decoding: the ceiling of the suites' "
                     "reference answers at each of --blocks")
     ap.add_argument("--blocks", default="8,16,32", help="with --reference: comma-separated block sizes")
@@ -157,7 +159,10 @@ def main(argv: list[str] | None = None) -> dict:
             ap.error("--skip-thresholds takes values in [0, 1] and decodes (not with --reference)")
     from dllm.eval.outputs import check_output_args
 
-    check_output_args(ap, args.json)  # before the run: a report that cannot be written is lost with the run
+    if args.plot and args.reference:
+        ap.error("--plot charts decoded rows (not with --reference)")
+    plots = {s: suite_plot_path(args.plot, s) for s in args.suite.split(",")} if args.plot else {}
+    check_output_args(ap, args.json, *plots.values())  # before the run: a report that cannot be written is lost
     if args.reference:
         return _reference_main(args)
     torch.set_num_threads(args.threads)
@@ -230,7 +235,26 @@ def main(argv: list[str] | None = None) -> dict:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    for suite_name, path in plots.items():
+        from dllm.eval.bench import pareto_plot
+
+        pareto_plot(suite_report(result, suite_name), path)
+        print(f"wrote {path}")
     return result
+
+
+def suite_plot_path(path: str, suite: str) -> str:
+    """``out.png`` -> ``out-sudoku9.png``: one chart per suite (a frontier across suites means nothing)."""
+    stem, dot, ext = path.rpartition(".")
+    return f"{stem}-{suite}.{ext}" if dot else f"{path}-{suite}"
+
+
+def suite_report(result: dict, suite: str) -> dict:
+    """One suite's rows in the shape of a ``dllm bench`` report (accuracy in %), for its Pareto chart."""
+    rows = [{"label": f"{'d2f' if r['lopa_branches'] == 0 else 'lopa k=' + str(r['lopa_branches'])} "
+                      f"skip {r['skip_threshold']:g}", "tpf": r["tpf"], "accuracy": 100 * r["accuracy"]}
+            for r in result["rows"] if r["suite"] == suite]
+    return {"model": result["model"], "suite": suite, "n": result["n"], "results": rows}
 
 
 if __name__ == "__main__":

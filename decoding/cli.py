@@ -14,7 +14,7 @@ from dllm.cli_common import USER_ERRORS, fail, quiet_transformers
 def generate(
     prompt: str = typer.Argument(..., help="The user prompt (the model's chat template is applied); "
                                            "'-' reads one prompt per line from stdin."),
-    model: str = typer.Option("tiny", "--model", "-m", help="tiny, tiny-d2f, tiny-long, or a local checkpoint directory."),
+    model: str = typer.Option("tiny", "--model", "-m", help="tiny, tiny-d2f, tiny-long, tiny-long-d2f, or a local checkpoint directory."),
     strategy: str | None = typer.Option(None, help="Decoding strategy (default: the model's)."),
     cache: str | None = typer.Option(None, help="none, prefix or dual (bidirectional models)."),
     threshold: float | None = typer.Option(None, help="Confidence threshold (threshold strategy)."),

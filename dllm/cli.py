@@ -64,7 +64,7 @@ def _mount_subcommands() -> None:
 
 @app.command("info")
 def info(
-    model: str = typer.Argument("tiny", help="tiny, tiny-d2f, tiny-long, a checkpoint directory or a cached repo id."),
+    model: str = typer.Argument("tiny", help="tiny, tiny-d2f, tiny-long, tiny-long-d2f, a checkpoint directory or a cached repo id."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Show a model without loading its weights: format, size, attention, special ids, decoding defaults."""

@@ -13,13 +13,13 @@ from .modeling import DiffusionLM, family_of
 from .modeling.configuration import ATTENTION_POLICIES
 
 BUNDLED_DIR = Path(__file__).parent / "bundled"
-BUNDLED_MODELS = {"tiny": "tiny", "tiny-d2f": "tiny-d2f", "tiny-long": "tiny-long"}
+BUNDLED_MODELS = {"tiny": "tiny", "tiny-d2f": "tiny-d2f", "tiny-long": "tiny-long", "tiny-long-d2f": "tiny-long-d2f"}
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 
 
 def resolve_model_path(name_or_path: str | Path) -> Path:
-    """``tiny`` / ``tiny-d2f`` / ``tiny-long`` -> the bundled directory; anything else must be a local directory."""
+    """``tiny`` / ``tiny-d2f`` / ``tiny-long`` / ``tiny-long-d2f`` -> the bundled directory; anything else must be a local directory."""
     name = str(name_or_path)
     if name in BUNDLED_MODELS:
         path = BUNDLED_DIR / BUNDLED_MODELS[name]

@@ -11,7 +11,7 @@ from dllm.cli_common import USER_ERRORS, fail, quiet_transformers
 
 
 def bench(
-    model: str = typer.Option("tiny-d2f", "--model", "-m", help="tiny, tiny-d2f, tiny-long, or a checkpoint directory."),
+    model: str = typer.Option("tiny-d2f", "--model", "-m", help="tiny, tiny-d2f, tiny-long, tiny-long-d2f, or a checkpoint directory."),
     suite: str = typer.Option("all", "--suite", help="arith, gsm, lists, sudoku, countdown (all: these five); the "
                                                               "long-answer sudoku9, longlists, chain (long); a JSON Lines "
                                                               "file of your own (my.jsonl, exact match); a comma list; every."),

@@ -31,7 +31,7 @@ def _cannot_listen(host: str, port: int) -> str | None:
 
 
 def serve(
-    model: str = typer.Option("tiny-d2f", "--model", "-m", help="tiny, tiny-d2f, tiny-long, or a local checkpoint directory."),
+    model: str = typer.Option("tiny-d2f", "--model", "-m", help="tiny, tiny-d2f, tiny-long, tiny-long-d2f, or a local checkpoint directory."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind (loopback by default; 0.0.0.0 exposes it)."),
     port: int = typer.Option(8000, help="TCP port."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="DLLM_API_KEY",

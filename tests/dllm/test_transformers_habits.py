@@ -11,7 +11,7 @@ from dllm.modeling.losses import IGNORE_INDEX
 from dllm.testing import MASK, tiny_dream, tiny_llada
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny-d2f", "tiny-long"])
+@pytest.mark.parametrize("name", ["tiny", "tiny-d2f", "tiny-long", "tiny-long-d2f"])
 def test_save_and_reload_decode_the_same_tokens(name, tmp_path):
     model, tok = dllm.load_model(name), dllm.load_tokenizer(name)
     prompts = ["What is 123 + 45 ?", "reverse : Ann Bob Cal", "sort : Pam Lee Ann Max"]

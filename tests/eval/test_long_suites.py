@@ -265,3 +265,22 @@ def test_bench_reports_partial_credit_per_suite():
     for ps in per.values():
         assert ps["n"] == 1 and ps["accuracy"] == 0.0  # 16 tokens cannot hold any long answer
         assert all(0.0 <= v <= 100.0 for k, v in ps.items() if k == "reward" or k.endswith("_accuracy"))
+
+
+def test_bundled_long_pair_shares_its_tokenizer_and_the_student_is_block_causal():
+    """tiny-long-d2f is tiny-long's D2F student (recipes/tiny-long-d2f.yaml): the same shape and tokenizer,
+    block-causal with blocks of 16, decoded by d2f over a 256-token canvas by default."""
+    from dllm.loading import load_model, resolve_model_path
+    from dllm.tokenization import load_tokenizer
+    from dllm.training.config import DistillConfig, load_config
+
+    teacher, student = load_model("tiny-long"), load_model("tiny-long-d2f")
+    assert not teacher.is_block_causal and student.is_block_causal and student.spec.block_size == 16
+    assert {n: p.shape for n, p in teacher.named_parameters()} == {n: p.shape for n, p in student.named_parameters()}
+    tt, ts = (load_tokenizer(resolve_model_path(n)) for n in ("tiny-long", "tiny-long-d2f"))
+    assert tt.get_vocab() == ts.get_vocab()
+    gen = student.diffusion_generation_config
+    assert gen.strategy == "d2f" and gen.block_length == 16 and gen.max_new_tokens == 256
+    cfg = load_config(DistillConfig, os.path.join(ROOT, "recipes", "tiny-long-d2f.yaml"))
+    assert cfg.teacher == cfg.model.path == "tiny-long" and cfg.block_size == 16
+    assert cfg.data.tasks == dict.fromkeys(LONG, 1.0)
