@@ -235,11 +235,12 @@ def main(argv: list[str] | None = None) -> dict:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
-    for suite_name, path in plots.items():
+    if plots:
         from dllm.eval.bench import pareto_plot
 
-        pareto_plot(suite_report(result, suite_name), path)
-        print(f"wrote {path}")
+        for suite_name, path in plots.items():
+            pareto_plot(suite_report(result, suite_name), path)
+            print(f"wrote {path}")
     return result
 
 

@@ -1,4 +1,4 @@
-# Functions shared by recipes/bundled/tiny.sh and recipes/bundled/tiny-d2f.sh (sourced, not run).
+# Functions shared by the scripts in recipes/bundled/ (sourced, not run).
 #
 #   DLLM=...          the dllm command (default: dllm, i.e. the active virtual environment's)
 #   PRINT_CONFIG=1    print every stage's resolved config (--print-config) and train nothing

@@ -74,26 +74,24 @@ def test_gap_closed_and_matched_accuracy(load_benchmark):
 
 
 def test_skip_threshold_sweep(tmp_path, capsys, run_benchmark, load_benchmark):
-    def mod_report(result):
-        report = load_benchmark("lopa_ceiling").suite_report(result, "arith")
-        assert report["suite"] == "arith" and all(0 <= r["accuracy"] <= 100 for r in report["results"])
-        return report["results"]
-
     result = run_benchmark("lopa_ceiling", ["--suite", "arith,lists", "--n", "3", "--branches", "0,2",
                                             "--skip-thresholds", "0.5,0.9", "--plot", str(tmp_path / "p.png")])
-    # one Pareto chart per suite, each from that suite's rows alone
-    assert (tmp_path / "p-arith.png").stat().st_size > 0 and (tmp_path / "p-lists.png").stat().st_size > 0
-    assert len(result["rows"]) == 8 and {r["suite"] for r in result["rows"][4:]} == {"lists"}
-    assert [r["label"] for r in mod_report(result)] == ["d2f skip 0.5", "lopa k=2 skip 0.5", "d2f skip 0.9",
-                                                         "lopa k=2 skip 0.9"]
-    result["rows"] = result["rows"][:4]
-    rows = result["rows"]
+    rows = [r for r in result["rows"] if r["suite"] == "arith"]
+    assert len(result["rows"]) == 8 and len(rows) == 4
     assert [(r["skip_threshold"], r["lopa_branches"]) for r in rows] == [(0.5, 0), (0.5, 2), (0.9, 0), (0.9, 2)]
     assert rows[0]["gap_closed"] is None
     d2f, lopa = rows[2], rows[3]
     assert lopa["gap_closed"] == (lopa["tpf"] - d2f["tpf"]) / (lopa["ceiling_tpf"] - d2f["tpf"])
-    assert [m["skip_threshold"] for m in result["matched"]][:2] == [0.5, 0.9]
+    assert [(m["suite"], m["skip_threshold"]) for m in result["matched"]] == [
+        ("arith", 0.5), ("arith", 0.9), ("lists", 0.5), ("lists", 0.9)]
     assert "LoPA against the fastest d2f row within 2 accuracy points" in capsys.readouterr().out
+    # --plot: one Pareto chart per suite, each from that suite's rows alone, accuracy in %
+    assert (tmp_path / "p-arith.png").stat().st_size > 0 and (tmp_path / "p-lists.png").stat().st_size > 0
+    report = load_benchmark("lopa_ceiling").suite_report(result, "arith")
+    assert report["suite"] == "arith" and report["n"] == 3
+    assert [r["label"] for r in report["results"]] == ["d2f skip 0.5", "lopa k=2 skip 0.5", "d2f skip 0.9",
+                                                       "lopa k=2 skip 0.9"]
+    assert [r["accuracy"] for r in report["results"]] == [100 * r["accuracy"] for r in rows]
 
 
 def test_bad_skip_thresholds_are_usage_errors(run_benchmark, capsys):
