@@ -169,6 +169,9 @@ class SFTConfig(TrainConfig):
     # extra, not LLaDA: fraction of rows (of those with results) where only the number runs after a
     # trigger token are masked: the step results and final answer of a worked solution
     result_mask_prob: float = num(0.0, ge=0, le=1)
+    # extra, not LLaDA: fraction of rows (of those with results) shown up to one of their results, drawn
+    # uniformly, with that result and everything after it masked (a worked solution cut at a result)
+    result_cut_prob: float = num(0.0, ge=0, le=1)
     result_triggers: list[str] = field(default_factory=lambda: ["=", "#"])
     # extra, not LLaDA: weight each masked token by (1 - p_target)^gamma, renormalised (MGDM-style)
     token_weight_gamma: float = num(0.0, ge=0, le=10)  # 0: the plain LLaDA loss

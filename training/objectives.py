@@ -32,6 +32,7 @@ def sft_noise(
     prefix_prob: float = 0.0,
     result_mask_prob: float = 0.0,
     result_slots: torch.Tensor | None = None,
+    result_cut_prob: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(noisy ids, masked [b,l] bool, p_mask [b,l]): answer tokens masked i.i.d. with a per-row p.
 
@@ -52,6 +53,14 @@ def sft_noise(
     ``result_slots`` ([b, l] bool, from ``result_slots``), exactly those slots are masked (p = 1) and
     the rest of the answer is shown. For a worked solution these are the results of its steps, so
     every step is trained with its operands visible, including operands that are earlier results.
+    Every later copy of a result stays visible, though (the next step's first operand, the final
+    answer), so a model can fill the slots by copying them.
+
+    A fifth, ``result_cut_prob`` (default 0): in that fraction of the rows that have any result slots,
+    one result is drawn uniformly among the row's results, the answer is shown up to it, and it and
+    everything after it are masked (p = 1). That is the state in which a decoder that fills a worked
+    solution left to right meets each result, with no later copy of it to read: only the arithmetic
+    gives it. Drawn after ``result_mask_prob``, and it takes the rows it draws.
     """
     b, l = input_ids.shape
     t = _rand((b,), generator, input_ids.device)
@@ -69,6 +78,10 @@ def sft_noise(
         chosen = (_rand((b,), generator, input_ids.device) < result_mask_prob) & slots.any(dim=1)
         masked = torch.where(chosen[:, None], slots, masked)
         p_mask = torch.where(chosen[:, None], torch.ones_like(p_mask), p_mask)
+    if result_cut_prob > 0 and result_slots is not None:  # drawn only when enabled
+        chosen, cut = _result_cut(result_slots & answer_mask, answer_mask, result_cut_prob, generator)
+        masked = torch.where(chosen[:, None], cut, masked)
+        p_mask = torch.where(chosen[:, None], torch.ones_like(p_mask), p_mask)
     noisy = torch.where(masked, torch.full_like(input_ids, mask_id), input_ids)
     return noisy, masked, p_mask
 
@@ -82,6 +95,20 @@ def _revealed_prefix(answer_mask: torch.Tensor, prefix_prob: float,
     cut = (_rand((b,), generator, answer_mask.device) * n_answer).floor().long()
     rank = answer_mask.long().cumsum(dim=1) - 1  # 0-based index of each answer slot within its row
     return answer_mask & chosen[:, None] & (rank < cut[:, None])
+
+
+def _result_cut(slots: torch.Tensor, answer_mask: torch.Tensor, prob: float,
+                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen [b] bool, [b, l] bool): for each chosen row (one with results, drawn with ``prob``), the
+    answer slots from the first slot of a result run drawn uniformly among the row's runs to the end."""
+    b = slots.shape[0]
+    starts = slots.clone()
+    starts[:, 1:] &= ~slots[:, :-1]  # the first slot of each run
+    n_runs = starts.sum(dim=1)
+    chosen = (_rand((b,), generator, slots.device) < prob) & (n_runs > 0)
+    pick = (_rand((b,), generator, slots.device) * n_runs).floor().long()  # 0-based run index
+    at = starts & (starts.long().cumsum(dim=1) - 1 == pick[:, None])
+    return chosen, answer_mask & (at.long().cumsum(dim=1) > 0)
 
 
 def result_slots(input_ids: torch.Tensor, trigger_ids: torch.Tensor, number_ids: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ def result_token_ids(tokenizer, triggers: list[str]) -> tuple[torch.Tensor, torc
         elif bare and all(c in NUMBER_CHARS for c in bare):
             num.append(i)
     if not trig or not num:
-        raise ConfigError(f"result_mask_prob: the tokenizer has no {'trigger' if not trig else 'number'} tokens "
+        raise ConfigError(f"result_mask_prob / result_cut_prob: the tokenizer has no {'trigger' if not trig else 'number'} tokens "
                          f"(result_triggers={triggers})")
     return torch.tensor(sorted(trig)), torch.tensor(sorted(num))
 
@@ -60,7 +60,7 @@ class SFTTrainer(Trainer):
                 r=lo.r, lora_alpha=lo.alpha, lora_dropout=lo.dropout, bias="none",
                 target_modules=lora_targets(self.core, lo.target_modules)))
         self._result_ids = None
-        if self.cfg.result_mask_prob > 0:  # fail before training, not at the first step
+        if self.cfg.result_mask_prob > 0 or self.cfg.result_cut_prob > 0:  # fail before training, not at step 1
             self._result_ids = result_token_ids(self.tokenizer, self.cfg.result_triggers)
 
     def memory_plan(self):
@@ -80,13 +80,14 @@ class SFTTrainer(Trainer):
         """The loss of ``batch``; ``rows``: the noise is drawn for the whole batch and the loss is that of
         these rows (a process's share of a global batch, ``shard_global_batch``)."""
         slots = None
-        if self.cfg.result_mask_prob > 0:
+        if self.cfg.result_mask_prob > 0 or self.cfg.result_cut_prob > 0:
             triggers, numbers = self._result_ids
             slots = result_slots(batch.input_ids, triggers.to(batch.input_ids.device),
                                  numbers.to(batch.input_ids.device))
         noisy, masked, p_mask = sft_noise(batch.input_ids, batch.answer_mask, self.mask_id(), generator,
                                           self.cfg.mask_eps, self.cfg.full_mask_prob, self.cfg.t_min,
-                                          self.cfg.prefix_prob, self.cfg.result_mask_prob, slots)
+                                          self.cfg.prefix_prob, self.cfg.result_mask_prob, slots,
+                                          self.cfg.result_cut_prob)
         visible = None
         if self.cfg.t2t_corrupt_prob > 0:
             noisy, visible = t2t_corrupt(noisy, masked, batch.answer_mask, self.cfg.t2t_corrupt_prob,

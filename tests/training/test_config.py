@@ -59,7 +59,7 @@ def test_bad_values_are_rejected():
         load_config(SFTConfig, "nope.yaml")
     with pytest.raises(ConfigError, match=r"unknown suites \['poetry'\]; valid suites: arith"):
         load_config(SFTConfig, None, ["data.tasks.poetry=1"])  # before any model is built, not deep in the data
-    for key in ("prefix_prob", "full_mask_prob", "t_min", "result_mask_prob"):
+    for key in ("prefix_prob", "full_mask_prob", "t_min", "result_mask_prob", "result_cut_prob"):
         with pytest.raises(ConfigError, match=rf"{key}=1.5 must be in \[0, 1\]"):
             load_config(SFTConfig, None, [f"{key}=1.5"])
     # tokenizer settings fail as config errors (a clean CLI message), not deep in the tokenizer build

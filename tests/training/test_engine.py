@@ -153,7 +153,10 @@ def test_result_mask_run_and_a_bad_trigger_is_a_clean_cli_error(tmp_path):
                                                              "result_mask_prob": 1.0})
     result = SFTTrainer(load_config(SFTConfig, None, over)).run()
     assert result.status == "finished" and result.step == 3
-    bad = micro_overrides(tmp_path / "bad", result_mask_prob=0.5, result_triggers="[no-such-token]")
+    cut = micro_overrides(tmp_path / "cut", max_steps=2, **{"data.tasks": "{chain: 1}", "data.max_new_tokens": 256,
+                                                            "result_cut_prob": 1.0})
+    assert SFTTrainer(load_config(SFTConfig, None, cut)).run().step == 2
+    bad = micro_overrides(tmp_path / "bad", result_cut_prob=0.5, result_triggers="[no-such-token]")
     res = CliRunner().invoke(train_app, ["sft", *bad])
     assert res.exit_code == 2 and "no trigger tokens" in res.output, res.output
     assert not (tmp_path / "bad" / "final").exists()

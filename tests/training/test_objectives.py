@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import math
 
 import pytest
@@ -261,4 +262,32 @@ def test_sft_noise_result_mask_masks_exactly_the_results_in_chosen_rows():
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     plain = sft_noise(b.input_ids, b.answer_mask, MASK, g1, t_min=0.5)
     off = sft_noise(b.input_ids, b.answer_mask, MASK, g2, t_min=0.5, result_mask_prob=0.0, result_slots=slots)
+    assert all(torch.equal(x, y) for x, y in zip(plain, off))
+
+
+def test_sft_noise_result_cut_masks_from_a_result_to_the_end():
+    """Row 0 of "4 + 5 = 9 . 9 + 12 = 21 . # 21" has three results (9, 21, the final 21): a cut row shows the
+    answer up to one of them and masks it and everything after; every result is drawn as the cut."""
+    b = _worked_solution_batch()
+    slots = result_slots(b.input_ids, _TRIG, _NUM)
+    answer = b.answer_mask[0].nonzero().flatten().tolist()
+    first_result = [answer[4], answer[11], answer[15]]  # the positions of 9, 21 and the final 21
+    g = torch.Generator().manual_seed(0)
+    cuts = collections.Counter()
+    for _ in range(300):
+        noisy, masked, p_mask = sft_noise(b.input_ids, b.answer_mask, MASK, g, t_min=0.5,
+                                          result_cut_prob=0.5, result_slots=slots)
+        assert not (masked & ~b.answer_mask).any()
+        row = masked[0].nonzero().flatten().tolist()
+        tail = [i for i in answer if i >= row[0]] if row else []
+        if row and row == tail and row[0] in first_result and (p_mask[0] == 1).all():
+            cuts[row[0]] += 1
+            assert (noisy[0][: row[0]] == b.input_ids[0][: row[0]]).all()  # the answer up to the cut is shown
+            assert (noisy[0][row] == MASK).all()
+        assert masked[1].any()  # a row without results keeps the ordinary i.i.d. masks
+    assert set(cuts) == set(first_result)
+    assert 110 < sum(cuts.values()) < 190  # about half of the rows that have results
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    plain = sft_noise(b.input_ids, b.answer_mask, MASK, g1, t_min=0.5)
+    off = sft_noise(b.input_ids, b.answer_mask, MASK, g2, t_min=0.5, result_cut_prob=0.0, result_slots=slots)
     assert all(torch.equal(x, y) for x, y in zip(plain, off))
