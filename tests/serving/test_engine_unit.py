@@ -102,10 +102,13 @@ class _Session:
         return SimpleNamespace(num_forwards=torch.tensor(self.nfe), finish_reason=self.reason, timings={})
 
 
-def _engine(fake, **kw) -> Engine:
+def _engine(fake, start: bool = True, **kw) -> Engine:
+    """``start=False``: the caller submits first and starts the worker after, so that which requests share
+    a call does not depend on how fast a loaded machine runs the submits (batch_wait is 5 ms)."""
     kw.setdefault("batch_wait_ms", 5)
     e = Engine(None, TOK, session_factory=fake, **kw)
-    e.start()
+    if start:
+        e.start()
     return e
 
 
@@ -119,10 +122,11 @@ async def _drain(req, until="stats"):
 def test_same_settings_share_a_call_and_rows_finish_early():
     async def main():
         fake = Scripted(ends={0: 2}, steps=30, delay=0.01)
-        e = _engine(fake)
+        e = _engine(fake, start=False)
         try:
             a = e.submit([[5, 6]], n=1, cfg=CFG, max_tokens=64)
             b = e.submit([[7]], n=1, cfg=CFG, max_tokens=64)
+            e.start()
             (ea, eb) = await asyncio.gather(_drain(a, until="finish"), _drain(b))
         finally:
             e.stop()
@@ -139,7 +143,7 @@ def test_same_settings_share_a_call_and_rows_finish_early():
 def test_different_settings_and_seeded_sampling_run_apart():
     async def main():
         fake = Scripted(steps=3, delay=0)
-        e = _engine(fake, max_batch_size=8)
+        e = _engine(fake, start=False, max_batch_size=8)
         try:
             sampled = CFG.replace(temperature=0.7)
             reqs = [e.submit([[5]], n=2, cfg=CFG, max_tokens=8),
@@ -149,6 +153,7 @@ def test_different_settings_and_seeded_sampling_run_apart():
                     e.submit([[8]], n=1, cfg=sampled.replace(seed=1), max_tokens=8, isolated=True),
                     e.submit([[9]], n=1, cfg=sampled.replace(seed=1), max_tokens=8, isolated=True),
                     e.submit([[9]], n=1, cfg=sampled, max_tokens=8)]  # unseeded: temperature is per row
+            e.start()
             await asyncio.gather(*[_drain(r) for r in reqs])
         finally:
             e.stop()

@@ -47,6 +47,21 @@ def _wait_ready(proc, url: str, timeout: float = 90) -> None:
         time.sleep(0.1)
 
 
+def _gauge(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def _wait_for(url: str, name: str, value: float, timeout: float = 60) -> None:
+    """Wait on the server's own gauges rather than a sleep, which a loaded machine can outrun."""
+    deadline = time.monotonic() + timeout
+    while _gauge(url, name) != value:
+        assert time.monotonic() < deadline, f"{name} never reached {value}"
+        time.sleep(0.05)
+
+
 def _children(proc) -> list[psutil.Process]:
     try:
         return psutil.Process(proc.pid).children(recursive=True)
@@ -70,20 +85,25 @@ def test_sigterm_drains_running_requests_and_answers_queued_ones_503(ckpt):
         results = {}
 
         def post(name):
-            results[name] = httpx.post(url + "/v1/completions", json=body, timeout=120)
+            try:
+                results[name] = httpx.post(url + "/v1/completions", json=body, timeout=120)
+            except httpx.HTTPError as err:  # kept, so that the assertion below says what happened
+                results[name] = err
 
         running = threading.Thread(target=post, args=("running",))
         running.start()
-        time.sleep(0.5)  # it decodes one token per forward: seconds of work
+        _wait_for(url, "dllm_running_rows", 1)  # it decodes one token per forward: seconds of work
         queued = threading.Thread(target=post, args=("queued",))
         queued.start()
-        time.sleep(0.3)  # one batch of one row at a time: this one waits in the queue
+        _wait_for(url, "dllm_queue_depth", 1)  # one batch of one row at a time: this one waits in the queue
         proc.send_signal(signal.SIGTERM)
         queued.join(30)
         q = results["queued"]
+        assert isinstance(q, httpx.Response), q
         assert q.status_code == 503 and q.json()["error"]["code"] == "shutting_down" and "retry-after" in q.headers
         running.join(60)
         r = results["running"]
+        assert isinstance(r, httpx.Response), r
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 512
         assert proc.wait(timeout=60) == 0
         assert _gone(children)
