@@ -31,6 +31,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None, help="write the counts, accuracy and TPF of every run here")
     args = ap.parse_args(argv)
+    if args.batch_size < 1 or args.n < 1 or args.threads < 1:
+        ap.error("--batch-size, --n and --threads take positive whole numbers")
+    try:
+        branches = [int(b) for b in args.branches.split(",")]
+    except ValueError:
+        ap.error(f"--branches takes comma-separated whole numbers, not {args.branches!r}")
+    if min(branches) < 0:
+        ap.error("--branches: lookahead counts are 0 (plain d2f) or more")
     from dllm.eval.outputs import check_output_args
 
     check_output_args(ap, args.json)  # before the run: a report that cannot be written is lost
@@ -57,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
     for suite_name in args.suite.split(","):
         suite = get_suite(suite_name)
         examples = suite.examples("test", args.n)
-        for k in (int(b) for b in args.branches.split(",")):
+        for k in branches:
             cfg = base.replace(strategy="lopa", lopa_branches=k)
             wins: collections.Counter = collections.Counter()
             outs = []

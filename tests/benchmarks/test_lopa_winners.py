@@ -12,7 +12,6 @@ def test_winner_counts_cover_every_round(capsys, run_benchmark):
     assert "arith" in out and "k=2" in out and "0 = anchor" in out
 
 
-
 def test_batched_counts_match_batch_one_and_json(tmp_path, run_benchmark):
     """LoPA is batch-invariant, so the counts do not depend on --batch-size; the JSON holds every run."""
     import json
@@ -30,3 +29,13 @@ def test_batched_counts_match_batch_one_and_json(tmp_path, run_benchmark):
     assert sum(row["wins"].values()) == row["rounds"]  # one winner per forward
     assert 0.0 <= row["accuracy"] <= 1.0 and row["tpf"] == row["tokens"] / row["rounds"]
     assert row["lookahead_share"] == 1 - row["wins"].get("0", 0) / row["rounds"]
+
+
+def test_bad_counts_are_usage_errors(capsys, run_benchmark):
+    import pytest
+
+    for bad in (["--batch-size", "0"], ["--n", "0"], ["--branches", "2,x"], ["--branches", "-1"]):
+        with pytest.raises(SystemExit) as exc:
+            run_benchmark("lopa_winners", ["--suite", "arith", *bad])
+        assert exc.value.code == 2
+        assert "error:" in capsys.readouterr().err
