@@ -209,7 +209,8 @@ def test_queue_full_and_errors():
         e = _engine(fake, max_batch_size=1, max_queue=1)
         try:
             first = e.submit([[5]], n=1, cfg=CFG, max_tokens=64)
-            await asyncio.sleep(0.05)  # running
+            while e.queue_depth:  # until it runs (a fixed sleep can be outrun on a loaded machine)
+                await asyncio.sleep(0.01)
             e.submit([[5]], n=1, cfg=CFG, max_tokens=64)  # waiting
             with pytest.raises(ServingError) as info:
                 e.submit([[5]], n=1, cfg=CFG, max_tokens=64)
