@@ -384,6 +384,7 @@ class Trainer:
         # until the first step a signal stops the run at once (Interrupted): there is nothing to save yet
         stop = _StopFlag()
         stop.install()
+        self._stop = stop
         try:
             return self._run(stop)
         finally:
@@ -661,14 +662,33 @@ class Trainer:
                 "(left untouched). Lower optim.lr, keep optim.grad_clip > 0, or try mixed_precision=no."
             )
 
+    def stop_requested(self) -> bool:
+        """Whether SIGINT/SIGTERM asked the run to stop: evaluations check it and end early, so that the
+        checkpoint (or the export, at the end) comes at once rather than after a long evaluation."""
+        stop = getattr(self, "_stop", None)
+        return stop is not None and stop.signal is not None
+
+    def log_eval_scores(self, log: RunLogger, step: int, scores: dict, suites: list[str]) -> None:
+        """Log an evaluation; one that a signal cut short logs the suites it finished and says so."""
+        if self.stop_requested():
+            names = {k.split("/")[-1] for k in scores}  # "gsm", or "threshold/gsm_acc" for GRPO
+            done = sorted(s for s in suites if s in names or f"{s}_acc" in names)
+            log.message(f"{self._stop.signal}: evaluation at step {step} stopped early; suites scored: "
+                        f"{', '.join(done) if done else 'none'}")
+            if not scores:
+                return
+        log.log_eval(step, scores)
+
     def _eval(self, accelerator, model, log: RunLogger, step: int) -> None:
         if accelerator.is_main_process and self.stream_suites():
             from .monitor import evaluate
 
-            scores = evaluate(accelerator.unwrap_model(model), self.tokenizer, list(self.stream_suites()),
-                              self.cfg.eval_examples, self.eval_gen_length(), self.eval_block_size())
-            scores["mean"] = sum(scores.values()) / max(1, len(scores))
-            log.log_eval(step, scores)
+            suites = list(self.stream_suites())
+            scores = evaluate(accelerator.unwrap_model(model), self.tokenizer, suites, self.cfg.eval_examples,
+                              self.eval_gen_length(), self.eval_block_size(), should_stop=self.stop_requested)
+            if len(scores) == len(suites):  # a mean over every suite, not over those a signal left scored
+                scores["mean"] = sum(scores.values()) / max(1, len(scores))
+            self.log_eval_scores(log, step, scores, suites)
         accelerator.wait_for_everyone()
 
     def stream_suites(self):

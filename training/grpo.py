@@ -775,9 +775,13 @@ class GRPOTrainer(Trainer):
         if accelerator.is_main_process and self.stream_suites():
             policy = accelerator.unwrap_model(self.model)
             scores = {}
+            suites = list(self.stream_suites())
             for strategy in self.cfg.evaluation.strategies:
-                res = evaluate_decoding(policy, self.tokenizer, list(self.stream_suites()), self.cfg.eval_examples,
-                                        self.eval_config(strategy), batch_size=self.cfg.evaluation.batch_size)
+                if self.stop_requested():
+                    break
+                res = evaluate_decoding(policy, self.tokenizer, suites, self.cfg.eval_examples,
+                                        self.eval_config(strategy), batch_size=self.cfg.evaluation.batch_size,
+                                        should_stop=self.stop_requested)
                 scores.update({f"{strategy}/{k}": v for k, v in res.items()})
-            log.log_eval(step, scores)
+            self.log_eval_scores(log, step, scores, suites)
         accelerator.wait_for_everyone()

@@ -52,8 +52,11 @@ def completion_text(tokenizer, answer_ids: list[int]) -> str:
 
 
 def evaluate(model, tokenizer, suites: list[str], n: int, gen_length: int, block_size: int | None = None,
-             batch_size: int = 64, seed: int = 0, return_details: bool = False):
-    """Accuracy per suite (``correct`` of the suite's scorer) on the first ``n`` test examples."""
+             batch_size: int = 64, seed: int = 0, return_details: bool = False, should_stop=None):
+    """Accuracy per suite (``correct`` of the suite's scorer) on the first ``n`` test examples.
+
+    ``should_stop`` (a callable, checked before each batch): when it answers True the evaluation ends
+    there and only the suites scored in full are returned (a run asked to stop does not wait for it)."""
     from dllm.eval.tasks import get_suite
 
     was_training = model.training
@@ -65,6 +68,8 @@ def evaluate(model, tokenizer, suites: list[str], n: int, gen_length: int, block
             exs = suite.examples("test", n, seed=seed)
             correct, rows = 0, []
             for i in range(0, len(exs), batch_size):
+                if should_stop is not None and should_stop():
+                    return (scores, details) if return_details else scores
                 chunk = exs[i : i + batch_size]
                 outs = greedy_unmask(model, [encode_prompt(tokenizer, e.prompt) for e in chunk], gen_length,
                                      tokenizer.mask_token_id, tokenizer.pad_token_id, block_size)

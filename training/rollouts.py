@@ -306,15 +306,19 @@ def generate_rollouts(
 
 @torch.no_grad()
 def evaluate_decoding(model, tokenizer, suites: list[str], n: int, gen_cfg, *, batch_size: int = 64,
-                      seed: int = 0) -> dict[str, float]:
+                      seed: int = 0, should_stop=None) -> dict[str, float]:
     """Accuracy and mean per-sample TPF (LightningRL's reporting) on the first ``n`` test examples of
     each suite under ``gen_cfg`` (greedy unless it says otherwise). Keys: ``<suite>_acc``,
-    ``<suite>_tpf``, ``acc``, ``tpf`` (means over all examples) and ``tpf_ratio`` (Σ tokens / Σ forwards)."""
+    ``<suite>_tpf``, ``acc``, ``tpf`` (means over all examples) and ``tpf_ratio`` (Σ tokens / Σ forwards).
+    ``should_stop`` (checked before each suite): when it answers True, only the suites scored so far are
+    returned, without the totals over all suites."""
     from dllm.eval.tasks import get_suite
 
     out: dict[str, float] = {}
     tot_ok, tot_tpf, tot_tok, tot_fw, count = 0, 0.0, 0, 0, 0
     for name in suites:
+        if should_stop is not None and should_stop():
+            return out
         exs = get_suite(name).examples("test", n, seed=seed)
         ro = generate_rollouts(model, tokenizer, exs, 1, gen_cfg, batch_size=batch_size, seed=seed,
                                truncated_is_wrong=False)

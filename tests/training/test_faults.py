@@ -203,6 +203,59 @@ def test_a_signal_before_the_first_step_exits_at_once(tmp_path, monkeypatch):
     assert not list_checkpoints(run) and not lock_path(run).exists()
 
 
+def test_a_signal_during_an_evaluation_ends_it_and_checkpoints(tmp_path, monkeypatch):
+    """SIGTERM while the in-training evaluation runs: it stops before its next batch (no half-scored
+    suite is logged), the step is checkpointed at once and the run exits 143."""
+    import signal
+
+    from typer.testing import CliRunner
+
+    import dllm.training.cli as cli
+    import dllm.training.monitor as monitor
+
+    batches = []
+    real_unmask = monitor.greedy_unmask
+
+    def counted(*args, **kw):
+        batches.append(1)
+        return real_unmask(*args, **kw)
+
+    class SignalInEvaluation(SFTTrainer):
+        def evaluate(self, accelerator, model, log, step):
+            os.kill(os.getpid(), signal.SIGTERM)
+            super().evaluate(accelerator, model, log, step)
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(cli, "_trainer", lambda kind: SignalInEvaluation)
+    monkeypatch.setattr(monitor, "greedy_unmask", counted)
+    res = CliRunner().invoke(cli.train_app, ["sft", *micro_overrides(run, eval_every=2, eval_examples=4)])
+    assert res.exit_code == 143, res.output
+    assert "SIGTERM: evaluation at step 2 stopped early; suites scored: none" in res.output
+    assert batches == []  # not one batch decoded after the signal
+    assert [s for s, _ in list_checkpoints(run)] == [2] and "interrupted by SIGTERM at step 2" in res.output
+
+
+def test_an_evaluation_stops_between_suites_when_asked(tmp_path):
+    from dllm.training.monitor import evaluate
+    from dllm.training.rollouts import evaluate_decoding
+
+    asked = []
+
+    def stop_after_one():
+        asked.append(1)
+        return len(asked) > 1
+
+    model, tok = save_tiny_checkpoint(tmp_path / "m")
+    scores = evaluate(model, tok, ["arith", "gsm"], 2, 8, should_stop=stop_after_one)
+    assert list(scores) == ["arith"]  # gsm was not started; no mean over a partial evaluation
+    asked.clear()
+    from dllm.generation import DiffusionGenerationConfig
+
+    cfg = DiffusionGenerationConfig(max_new_tokens=8, block_length=8, strategy="vanilla")
+    res = evaluate_decoding(model, tok, ["arith", "gsm"], 2, cfg, should_stop=stop_after_one)
+    assert set(res) == {"arith_acc", "arith_tpf"}
+
+
 # -- a full disk ---------------------------------------------------------------------------------------------
 
 
