@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as _dt
 import platform
 import re
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -157,7 +158,10 @@ def run_bench(
     batches = [examples[i : i + batch_size] for i in range(0, len(examples), batch_size)]
 
     bar = None
-    if progress:
+    # a log file gets a line per batch: rich draws nothing there until the end (here, hours of silence)
+    lines = progress and not sys.stderr.isatty()
+    t_start = time.perf_counter()
+    if progress and not lines:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         bar = Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
@@ -212,6 +216,10 @@ def run_bench(
             for mi, results, dt in pending:
                 record(stats[mi], batch, results, dt)
             done += len(batch)
+            if lines:
+                times = ", ".join(f"{methods[mi].label} {dt:.1f} s" for mi, _, dt in sorted(pending, key=lambda p: p[0]))
+                print(f"bench: batch {bi + 1}/{len(batches)} done, {done}/{len(examples)} problems, "
+                      f"{time.perf_counter() - t_start:.0f} s so far ({times})", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         if done == 0:
             raise BenchInterrupted(None) from None

@@ -300,3 +300,20 @@ def test_every_generation_option_is_read_by_some_strategy():
     fields = {f.name for f in dataclasses.fields(DiffusionGenerationConfig)}
     named = set(COMMON_OPTIONS).union(*(s.options for s in STRATEGIES.values()))
     assert named == fields
+
+
+def test_progress_to_a_log_file_is_a_line_per_batch(tmp_path, capsys):
+    """Under pytest stderr is not a terminal, as when a long bench is sent to a log file: each batch
+    prints a line at once (rich would draw nothing there until the end)."""
+    from dllm.eval.bench import run_bench
+    from dllm.loading import load_model
+    from dllm.tokenization import load_tokenizer
+
+    save_tiny_checkpoint(tmp_path / "m")
+    model, tok = load_model(str(tmp_path / "m")).eval(), load_tokenizer(str(tmp_path / "m"))
+    run_bench(model, tok, suites="arith", methods=parse_methods("vanilla,threshold"), n=3, batch_size=2,
+              base_overrides={"max_new_tokens": 8, "block_length": 8})
+    err = capsys.readouterr().err.splitlines()
+    lines = [line for line in err if line.startswith("bench: batch")]
+    assert len(lines) == 2 and lines[0].startswith("bench: batch 1/2 done, 2/3 problems")
+    assert lines[1].startswith("bench: batch 2/2 done, 3/3 problems") and "vanilla" in lines[1] and "threshold" in lines[1]
