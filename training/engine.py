@@ -668,11 +668,12 @@ class Trainer:
         stop = getattr(self, "_stop", None)
         return stop is not None and stop.signal is not None
 
-    def log_eval_scores(self, log: RunLogger, step: int, scores: dict, suites: list[str]) -> None:
-        """Log an evaluation; one that a signal cut short logs the suites it finished and says so."""
-        if self.stop_requested():
+    def log_eval_scores(self, log: RunLogger, step: int, scores: dict, suites: list[str], complete: bool) -> None:
+        """Log an evaluation; one that a signal cut short (``complete`` False) says so and which suites it
+        scored in full."""
+        if not complete:
             names = {k.split("/")[-1] for k in scores}  # "gsm", or "threshold/gsm_acc" for GRPO
-            done = sorted(s for s in suites if s in names or f"{s}_acc" in names)
+            done = [s for s in suites if s in names or f"{s}_acc" in names]
             log.message(f"{self._stop.signal}: evaluation at step {step} stopped early; suites scored: "
                         f"{', '.join(done) if done else 'none'}")
             if not scores:
@@ -686,9 +687,10 @@ class Trainer:
             suites = list(self.stream_suites())
             scores = evaluate(accelerator.unwrap_model(model), self.tokenizer, suites, self.cfg.eval_examples,
                               self.eval_gen_length(), self.eval_block_size(), should_stop=self.stop_requested)
-            if len(scores) == len(suites):  # a mean over every suite, not over those a signal left scored
+            complete = len(scores) == len(suites)
+            if complete:  # a mean over every suite, not over those a signal left scored
                 scores["mean"] = sum(scores.values()) / max(1, len(scores))
-            self.log_eval_scores(log, step, scores, suites)
+            self.log_eval_scores(log, step, scores, suites, complete)
         accelerator.wait_for_everyone()
 
     def stream_suites(self):
