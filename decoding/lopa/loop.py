@@ -82,7 +82,21 @@ def _adopt(state: DecodeState, xc: torch.Tensor, start: int, width: int, winners
         dev = state.x.device
         state.commit(start, transfer.to(dev), tokens.to(dev))
 
-
+def _branch_rows(x: torch.Tensor, looks: list, groups: int, confidence: str):
+    """The round's rows, branch-major: group 0 is every row's anchor ``x``, group j its j-th lookahead
+    (the anchor plus one token); a row with fewer lookaheads repeats its anchor, marked not ``valid``.
+    Returns ``(X, valid, creation)``: creation = the lookahead token's confidence (certain for anchors)."""
+    R = x.shape[0]
+    X = x.repeat(groups, 1)
+    valid = torch.zeros(groups * R, dtype=torch.bool)
+    creation = torch.full((groups * R,), certain_confidence(confidence), dtype=torch.float64)
+    valid[:R] = True
+    for r in range(R):
+        for j, (pos, tok, c) in enumerate(looks[r], start=1):
+            X[j * R + r, pos] = tok
+            valid[j * R + r] = True
+            creation[j * R + r] = c
+    return X, valid, creation
 
 
 def _to_host(score: torch.Tensor, digest: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -180,15 +194,7 @@ def _decode_block_causal(model, state: DecodeState, gen, factory):
                     if slot_plans[j][r] is None:
                         slot_plans[j][r] = plans[r]
             end = max(sp.end for g in slot_plans for sp in g)
-            X = xc[:, :end].repeat(G, 1)
-            valid = torch.zeros(G * R, dtype=torch.bool)
-            creation = torch.full((G * R,), certain_confidence(cfg.lopa_confidence), dtype=torch.float64)
-            valid[:R] = True
-            for r in range(R):
-                for j, (pos, tok, c) in enumerate(looks[r], start=1):
-                    X[j * R + r, pos] = tok
-                    valid[j * R + r] = True
-                    creation[j * R + r] = c
+            X, valid, creation = _branch_rows(xc[:, :end], looks, G, cfg.lopa_confidence)
             slot_end = torch.tensor([sp.end for g in slot_plans for sp in g], dtype=torch.long)
             spans = torch.zeros(R, 2, dtype=torch.long)
             for r, p in enumerate(plans):
@@ -309,15 +315,7 @@ def _decode_semi_ar(model, state: DecodeState, gen, factory):
                     kind, end, keep_prefix = "prefix", T, None
                 else:
                     kind, end, keep_prefix = "replace", e, None
-                X = xc.repeat(G, 1)
-                valid = torch.zeros(G * R, dtype=torch.bool)
-                creation = torch.full((G * R,), certain_confidence(cfg.lopa_confidence), dtype=torch.float64)
-                valid[:R] = True
-                for r in range(R):
-                    for j, (pos, tok, c) in enumerate(looks[r], start=1):
-                        X[j * R + r, pos] = tok
-                        valid[j * R + r] = True
-                        creation[j * R + r] = c
+                X, valid, creation = _branch_rows(xc, looks, G, cfg.lopa_confidence)
                 dedupe = not any(looks)
                 if kind == "fill" and not dedupe:
                     raise RuntimeError("LoPA: a block-start refresh must not carry lookahead branches")

@@ -46,6 +46,16 @@ def all_ints(text: str) -> list[int]:
     return [int(s) for s in _INT_RE.findall(text)]
 
 
+def chosen_ops(ops, valid: tuple[str, ...]) -> tuple[str, ...]:
+    """A list suite's ``ops`` argument as a tuple (``None``: all of ``valid``); ValueError naming the
+    valid ops if one is unknown or none is chosen."""
+    chosen = tuple(valid if ops is None else ops)
+    bad = [o for o in chosen if o not in valid]
+    if bad or not chosen:
+        raise ValueError(f"unknown or empty ops {bad or chosen!r}; valid ops: {', '.join(valid)}")
+    return chosen
+
+
 @dataclass(frozen=True)
 class Example:
     """One problem: the user prompt, the exact reference completion and scorer metadata."""

@@ -14,7 +14,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 
-from .base import Example, Problem, Score, TaskSuite
+from .base import Example, Problem, Score, TaskSuite, chosen_ops
 from .words import NAMES
 
 OPS: tuple[str, ...] = ("copy", "reverse", "sort", "insert", "remove", "replace", "shuffle", "replace_random")
@@ -62,11 +62,7 @@ class ListsSuite(TaskSuite):
     max_answer_tokens = MAX_LEN + 1
 
     def __init__(self, ops: Iterable[str] | None = None) -> None:
-        chosen = tuple(OPS if ops is None else ops)
-        bad = [o for o in chosen if o not in OPS]
-        if bad or not chosen:
-            raise ValueError(f"unknown or empty ops {bad or chosen!r}; valid ops: {', '.join(OPS)}")
-        self.ops = chosen
+        self.ops = chosen_ops(ops, OPS)
 
     def _draw(self, rng: random.Random) -> Problem:
         op = rng.choice(self.ops)

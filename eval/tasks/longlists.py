@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 import re
 
-from .base import Example, Problem, Score, TaskSuite
+from .base import Example, Problem, Score, TaskSuite, chosen_ops
 from .words import NAMES
 
 OPS: tuple[str, ...] = ("copy", "reverse", "sort", "dedupe")
@@ -83,11 +83,7 @@ class LongListsSuite(TaskSuite):
     max_answer_tokens = 3 * MAX_LEN - 1
 
     def __init__(self, ops=None) -> None:
-        chosen = tuple(OPS if ops is None else ops)
-        bad = [o for o in chosen if o not in OPS]
-        if bad or not chosen:
-            raise ValueError(f"unknown or empty ops {bad or chosen!r}; valid ops: {', '.join(OPS)}")
-        self.ops = chosen
+        self.ops = chosen_ops(ops, OPS)
 
     def _draw(self, rng: random.Random) -> Problem:
         op = rng.choice(self.ops)
