@@ -254,6 +254,7 @@ def summarise(stats: list[MethodStats], *, model_name: str, suites: str, n: int,
             **({"edits": st.edits, "edits_per_block": st.edits / st.blocks} if st.blocks else {}),
             "per_suite": {k: {"accuracy": 100.0 * v["correct"] / max(1, v["total"]),
                               "tpf": v["tokens"] / max(1, v["forwards"]), "n": v["total"],
+                              "generated_tokens": v["tokens"], "forwards": v["forwards"],
                               **{k: 100.0 * x / max(1, v["total"]) for k, x in v.get("partial", {}).items()},
                               **({"categories": {c: {"accuracy": 100.0 * x["correct"] / x["total"], "n": x["total"]}
                                                  for c, x in sorted(v["categories"].items(),

@@ -79,6 +79,10 @@ def test_bench_cli_end_to_end(ckpt, tmp_path):
             assert sum(c["n"] for c in cats.values()) == ps["n"] == 3
             correct = sum(c["accuracy"] * c["n"] / 100 for c in cats.values())
             assert correct == pytest.approx(ps["accuracy"] * ps["n"] / 100)
+        # each suite's tokens and forwards, from which its TPF comes, add up to the method's
+        assert sum(ps["generated_tokens"] for ps in r["per_suite"].values()) == r["generated_tokens"]
+        assert sum(ps["forwards"] for ps in r["per_suite"].values()) == r["forwards"]
+        assert all(ps["tpf"] == pytest.approx(ps["generated_tokens"] / ps["forwards"]) for ps in r["per_suite"].values())
     assert all(c in {"copy", "reverse", "sort", "insert", "remove", "replace", "shuffle", "replace_random"}
                for c in report["results"][0]["per_suite"]["lists"]["categories"])
     res = CliRunner().invoke(app, ["bench", "--model", str(ckpt), "--suite", "lists", "--n", "2", "--strategies",
