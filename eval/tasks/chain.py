@@ -10,7 +10,9 @@ are 8 or 9 tokens and ``#### NN`` 6, so answers are 70 (8 steps) to 150 (16 step
 
 Correct: the integer after the last ``####`` (else the last integer) is the result, as in ``gsm``.
 Reward: 1 when correct, else 0.5 * (leading reference equations written exactly) / steps: the steps
-depend on each other, so the right prefix is what a wrong chain got right.
+depend on each other, so the right prefix is what a wrong chain got right. ``details`` holds
+``steps_right`` and ``leading_steps_accuracy`` (that prefix as a share of the steps), which
+``dllm bench`` averages per suite as it does Sudoku's cell accuracy.
 """
 from __future__ import annotations
 
@@ -75,4 +77,5 @@ class ChainSuite(TaskSuite):
                 break
             prefix += 1
         reward = 1.0 if ok else 0.5 * prefix / n_steps
-        return Score(ok, reward, {"parsed": got, "gold": gold, "steps_right": prefix})
+        return Score(ok, reward, {"parsed": got, "gold": gold, "steps_right": prefix,
+                                  "leading_steps_accuracy": prefix / n_steps})

@@ -169,6 +169,7 @@ def test_chain_generator_and_scores(pools):
     parts[2] = f"{a} {op} {b} = {int(c) + 1}"
     s = suite.score(e, " . ".join(parts[:3]) + f" . #### {gold + 3}")
     assert not s.correct and s.details["steps_right"] == 2 and s.reward == pytest.approx(0.5 * 2 / n)
+    assert s.details["leading_steps_accuracy"] == pytest.approx(2 / n)
     assert suite.category(e) == f"{n} steps"
 
 
