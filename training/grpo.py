@@ -778,9 +778,9 @@ class GRPOTrainer(Trainer):
             suites = list(self.stream_suites())
             complete = True
             for strategy in self.cfg.evaluation.strategies:
-                res = {} if self.stop_requested() else evaluate_decoding(
-                    policy, self.tokenizer, suites, self.cfg.eval_examples, self.eval_config(strategy),
-                    batch_size=self.cfg.evaluation.batch_size, should_stop=self.stop_requested)
+                res = evaluate_decoding(policy, self.tokenizer, suites, self.cfg.eval_examples,
+                                        self.eval_config(strategy), batch_size=self.cfg.evaluation.batch_size,
+                                        should_stop=self.stop_requested)
                 complete &= "acc" in res  # the totals come only with every suite scored
                 scores.update({f"{strategy}/{k}": v for k, v in res.items()})
             self.log_eval_scores(log, step, scores, suites, complete)

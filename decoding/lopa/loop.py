@@ -82,6 +82,7 @@ def _adopt(state: DecodeState, xc: torch.Tensor, start: int, width: int, winners
         dev = state.x.device
         state.commit(start, transfer.to(dev), tokens.to(dev))
 
+
 def _branch_rows(x: torch.Tensor, looks: list, groups: int, confidence: str):
     """The round's rows, branch-major: group 0 is every row's anchor ``x``, group j its j-th lookahead
     (the anchor plus one token); a row with fewer lookaheads repeats its anchor, marked not ``valid``.
