@@ -378,6 +378,16 @@ def spread_offsets(rows: list[dict], step: float = 7.0) -> list[float]:
     return out
 
 
+def model_title(model: str) -> str:
+    """A model's name for a chart: the last part of its path, with the run's folder kept for a training export
+    or checkpoint (``runs/tiny-long-512/final`` is ``tiny-long-512/final``: every export is called ``final``)."""
+    parts = [p for p in str(model).replace("\\", "/").split("/") if p]
+    if len(parts) > 1 and re.fullmatch(r"final|step-\d+|checkpoint-\d+", parts[-1]):
+        run = parts[-3] if parts[-2] == "checkpoints" and len(parts) > 2 else parts[-2]
+        return f"{run}/{parts[-1]}"
+    return parts[-1] if parts else str(model)
+
+
 def pareto_axes(report: dict):
     """The figure and axes of :func:`pareto_plot` (not saved), for a caller to inspect or add to."""
     import matplotlib
@@ -410,7 +420,7 @@ def pareto_axes(report: dict):
                    label="Pareto frontier (one point dominates)")
     ax.set_xlabel("tokens per forward (TPF)")
     ax.set_ylabel("accuracy (%)")
-    ax.set_title(f"{report['model'].split('/')[-1]} on {report['suite']} (n={report['n']}/suite)", fontsize=9)
+    ax.set_title(f"{model_title(report['model'])} on {report['suite']} (n={report['n']}/suite)", fontsize=9)
     ax.grid(alpha=0.3)
     if crowded:
         ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)

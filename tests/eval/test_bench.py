@@ -267,6 +267,21 @@ def test_the_frontier_drawn_is_the_one_named():
     plt.close(fig)
 
 
+def test_a_chart_names_a_training_export_by_its_run():
+    import matplotlib.pyplot as plt
+
+    from dllm.eval.bench import model_title, pareto_axes
+
+    assert model_title("runs/tiny-long-512/final") == "tiny-long-512/final"
+    assert model_title("/tmp/run/checkpoints/step-0000200/") == "run/step-0000200"
+    assert model_title("tiny-long") == "tiny-long" and model_title("/models/LLaDA-8B-Instruct") == "LLaDA-8B-Instruct"
+    assert model_title("final") == "final"
+    fig, ax = pareto_axes({"model": "runs/a/final", "suite": "long", "n": 3,
+                           "results": [{"label": "vanilla", "tpf": 1.0, "accuracy": 20.0}]})
+    assert ax.get_title() == "a/final on long (n=3/suite)"
+    plt.close(fig)
+
+
 def test_coinciding_points_are_drawn_side_by_side():
     import matplotlib.pyplot as plt
 
