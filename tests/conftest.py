@@ -70,3 +70,17 @@ def moe_checkpoints(tmp_path_factory):
         assert got == entry["sha256"], f"the {family} checkpoint differs from its recipe's (tests/fixtures/moe)"
         out[family] = path
     return out
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files holding a test marked ``slow`` run first, each file's tests in their own order.
+
+    ``make test`` hands whole files to its workers (pytest-xdist ``--dist loadfile``) in collection order, and
+    the alphabetical order puts the multi-process training files last: a worker that starts a 150-second file
+    when the others have nothing left keeps the whole run waiting. Longest first leaves only short files for
+    the end; the number of slow tests stands for a file's length. The sort is stable and its key is the file,
+    so every worker computes the same order."""
+    from collections import Counter
+
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])

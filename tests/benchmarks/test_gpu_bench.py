@@ -29,6 +29,7 @@ def dry(tmp_path_factory):
     return _run(tmp_path_factory.mktemp("dry"))
 
 
+@pytest.mark.slow
 def test_dry_run_prints_one_table(dry):
     stdout, data = dry
     lines = stdout.splitlines()
@@ -105,6 +106,7 @@ def test_dry_confidence_rows(dry):
         assert got["pytorch"]["extra"]["floor_ms"] > 0
 
 
+@pytest.mark.slow
 def test_failures_and_the_budget_do_not_lose_the_rest(tmp_path):
     stdout, data = _run(tmp_path, "--sections", "bogus,e2e", "--backends", "sdpa,nope")
     e2e = [r for r in data["rows"] if r["section"] == "e2e"]

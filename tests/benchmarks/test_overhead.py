@@ -2,7 +2,10 @@
 
 import json
 
+import pytest
 
+
+@pytest.mark.slow
 def test_every_strategy_gets_a_row_with_its_host_reads(tmp_path, capsys, run_benchmark):
     path = tmp_path / "overhead.json"
     run_benchmark("overhead", ["--new-tokens", "16", "--repeats", "1", "--threads", "1", "--json", str(path)])

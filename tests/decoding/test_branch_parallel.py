@@ -98,6 +98,7 @@ def test_two_processes_equal_single_process(ckpt, monkeypatch):
         assert torch.equal(a.sequences, b.sequences) and torch.equal(a.num_forwards, b.num_forwards)
 
 
+@pytest.mark.slow
 def test_three_processes_equal_single_process(ckpt):
     rows, ids, mask = _prompts()
     cfg = _cfg(lopa_branches=4)  # 5 branch groups over 3 ranks: shares 2 / 2 / 1

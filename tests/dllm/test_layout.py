@@ -111,6 +111,7 @@ def test_the_cycle_finder_finds_cycles():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+@pytest.mark.slow
 def test_every_module_imports_on_its_own():
     """Each module imported first, in a fresh set of dllm modules (torch and the rest stay loaded)."""
     code = "\n".join([
@@ -152,6 +153,7 @@ def _shadowing_project(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_a_project_with_its_own_eval_and_training_folders(tmp_path):
     project = _shadowing_project(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(project)}

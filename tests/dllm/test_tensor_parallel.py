@@ -165,6 +165,7 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", ["threshold-dual", "d2f", "lopa"])
+@pytest.mark.slow
 def test_generation_identical_to_one_process(runs, case):
     reference, ranks = runs
     for res in ranks:
@@ -228,6 +229,7 @@ def test_cli_rejects_a_world_that_differs(monkeypatch):
 
 
 
+@pytest.mark.slow
 def test_generate_under_torchrun_prints_once_and_matches_one_process():
     """``torchrun --nproc-per-node 2 -m dllm generate --tensor-parallel 2``: rank 0 alone prints, the same
     answer and forward count as one process."""

@@ -71,6 +71,7 @@ print(hashlib.sha1(json.dumps(rows, sort_keys=True).encode()).hexdigest())
 """
 
 
+@pytest.mark.slow
 def test_independent_of_hash_seed():
     """Same examples in fresh interpreters with different PYTHONHASHSEED values (every suite, long ones too)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

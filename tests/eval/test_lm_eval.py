@@ -52,6 +52,7 @@ def test_estimate_is_deterministic_and_negative(ckpt):
     assert a == b and a < 0 and math.isfinite(a)
 
 
+@pytest.mark.slow
 def test_lm_eval_cli_on_local_tasks(ckpt, tmp_path, monkeypatch):
     d, _, _ = ckpt
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

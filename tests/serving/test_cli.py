@@ -61,6 +61,7 @@ def test_startup_errors_are_clear(ckpt, monkeypatch):
     assert r.exit_code == 2 and "threshold must be in [0, 1]" in r.output and "Traceback" not in r.output
 
 
+@pytest.mark.slow
 def test_serve_process_with_branch_parallel_workers(ckpt):
     """``dllm serve --branch-parallel 2`` in its own process: LoPA answers equal single-process LoPA."""
     sock = free_socket()

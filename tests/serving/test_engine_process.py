@@ -170,6 +170,7 @@ def test_a_client_that_goes_away_is_cancelled_in_the_engine_process(remote):
     assert r.status_code == 200
 
 
+@pytest.mark.slow
 def test_a_dead_engine_process_is_restarted(checkpoint):
     """kill -9 of the engine process: readiness drops, requests get a retryable 503 (never a 500), and a new
     engine process serves again; the killed one is gone."""

@@ -18,6 +18,7 @@ def _settings_echo(url: str, **extra) -> dict:
 
 
 @pytest.mark.parametrize("engine_process", [False, True], ids=["thread", "engine-process"])
+@pytest.mark.slow
 def test_defaults_apply_and_requests_override_them(serve, checkpoint, engine_process):
     with serve(checkpoint, engine_process=engine_process,
                generation_defaults={"threshold": 0.05, "cache": "dual"}) as (url, _app):

@@ -90,18 +90,6 @@ def _sft_args(run) -> list[str]:
 
 
 @pytest.mark.slow
-def test_accelerate_launch_cpu_runs_two_ranks(tmp_path):
-    acc = _accelerate()
-    launch = [*acc, "launch"] if len(acc) == 1 else acc
-    res = _launch([*launch, "--cpu", "--num_processes", "2", "--main_process_port", str(_port()),
-                   *_sft_args(tmp_path / "run")], tmp_path)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "rank 0 of 2" in res.stderr and "rank 1 of 2" in res.stderr
-    assert "2 steps x 32 examples" in res.stderr  # batch 16 x 2 processes
-    assert res.stderr.count("finished at step 2") == 1 and (tmp_path / "run" / "final" / "model.safetensors").exists()
-
-
-@pytest.mark.slow
 def test_two_process_zero2_on_the_cpu(tmp_path):
     """The shipped ZeRO-2 config on 2 CPU processes (DeepSpeed's CPU accelerator, gloo), each with batch_size 8
     of a shared global batch (``shard_global_batch``): the losses of one plain process with batch_size 16."""
@@ -135,7 +123,7 @@ def _metrics(run: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_two_processes_equal_one_process_at_the_same_global_batch(tmp_path):
-    """``shard_global_batch=true``: ``accelerate launch --num_processes 2`` with batch_size 4 logs the losses and
+    """``shard_global_batch=true``: ``accelerate launch --cpu --num_processes 2`` with batch_size 4 logs the losses and
     gradient norms, and exports the weights, of one process with batch_size 8 (grad_accum 2 in both: 16 examples
     per step), in fp32 within float rounding. Without it each process draws its own examples and masks."""
     import numpy as np
@@ -151,7 +139,9 @@ def test_two_processes_equal_one_process_at_the_same_global_batch(tmp_path):
     two = _launch([*launch, "--cpu", "--num_processes", "2", "--main_process_port", str(_port()),
                    *_sft_args(tmp_path / "two"), "batch_size=4", *common], tmp_path)
     assert two.returncode == 0, two.stderr[-3000:]
-    assert "rank 1 of 2" in two.stderr and "3 steps x 16 examples" in two.stderr and "3 steps x 16 examples" in one.stderr
+    assert "rank 0 of 2" in two.stderr and "rank 1 of 2" in two.stderr
+    assert "3 steps x 16 examples" in two.stderr and "3 steps x 16 examples" in one.stderr
+    assert two.stderr.count("finished at step 3") == 1  # one report, from the main process
     a, b = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
     assert [r["step"] for r in a] == [r["step"] for r in b] == ["1", "2", "3"]
     for key in ("loss", "grad_norm", "tokens_seen"):

@@ -309,6 +309,7 @@ def test_bad_number_token_settings_are_refused(kwargs, match):
     ({"model.pad_numbers": 4, "model.number_tags": "true", "model.number_tag_style": "whole",
       "model.number_tag_context": "countdown"}, 20, "∅"),
 ])
+@pytest.mark.slow
 def test_a_recipe_can_train_with_number_tokens_or_tags(tmp_path, settings, canvas, third_piece):
     from dllm.training.config import SFTConfig, load_config
     from dllm.training.sft import SFTTrainer

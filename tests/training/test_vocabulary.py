@@ -60,6 +60,7 @@ def test_every_token_keeps_its_rows_under_a_bigger_vocabulary(tmp_path, tokenize
     assert match_vocabulary(load_model(path), path, tokenizer) == 0
 
 
+@pytest.mark.slow
 def test_replace_style_tags_leave_a_padded_digit_model_unchanged(tmp_path, tokenizer):
     # how the bundled (padded-digit) models take up number tags: each tag starts from the empty
     # digit it replaces, so the model reads the tagged text as it read the padded text
