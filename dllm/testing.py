@@ -74,7 +74,7 @@ def save_tiny_checkpoint(directory, *, block_causal: bool = False, block_size: i
 # --- tiny mixture-of-experts checkpoints in the published formats -------------------------------------
 # Shapes are tiny; every config key and tensor name is the published checkpoints'. The vocabulary is the
 # bundled tokenizer's, so these checkpoints also decode, serve and train on the task suites.
-MOE_FAMILIES = ("llada2", "llada-moe")
+MOE_FAMILIES = ("llada2", "llada-moe", "sdar-moe")
 # keys of the published config.json files that dllm's config classes do not read (kept on save)
 _LLADA2_EXTRA_KEYS = {
     "auto_map": {"AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig",
@@ -83,6 +83,12 @@ _LLADA2_EXTRA_KEYS = {
     "embedding_dropout": 0.0, "attention_dropout": 0.0, "output_dropout": 0.0, "norm_head": False,
     "max_window_layers": 20, "sliding_window": 4096, "output_router_logits": False, "router_dtype": "fp32",
     "using_split_qkv_in_self_attention": False,
+}
+_SDAR_MOE_EXTRA_KEYS = {
+    "attention_bias": False, "attention_dropout": 0.0, "hidden_act": "silu", "initializer_range": 0.02,
+    "max_window_layers": 48, "output_router_logits": False, "rms_norm_eps": 1e-06, "rope_scaling": None,
+    "router_aux_loss_coef": 0.001, "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "use_cache": False, "use_sliding_window": False,
 }
 _LLADA_MOE_EXTRA_KEYS = {
     "auto_map": {"AutoConfig": "configuration_lladamoe.LLaDAConfig", "AutoModel": "modeling_lladamoe.LLaDAMoEModelLM",
@@ -93,8 +99,8 @@ _LLADA_MOE_EXTRA_KEYS = {
 
 
 def tiny_moe_config(family: str, **overrides):
-    """The config of a tiny ``llada2`` or ``llada-moe`` checkpoint with the bundled tokenizer's ids."""
-    from .modeling import LLaDA2MoeConfig, LLaDAMoEConfig
+    """The config of a tiny ``llada2``, ``llada-moe`` or ``sdar-moe`` checkpoint with the bundled tokenizer's ids."""
+    from .modeling import LLaDA2MoeConfig, LLaDAMoEConfig, SDARMoeConfig
 
     ids = {"vocab_size": 402, "mask_token_id": 3, "eos_token_id": 2, "pad_token_id": 0}
     if family == "llada2":
@@ -114,6 +120,15 @@ def tiny_moe_config(family: str, **overrides):
                    architectures=["LLaDAMoEModelLM"], **ids, **_LLADA_MOE_EXTRA_KEYS)
         cfg.update(overrides)
         return LLaDAMoEConfig(**cfg)
+    if family == "sdar-moe":
+        # Qwen3-MoE's keys; layer 1 is dense (mlp_only_layers), so the checkpoint has both kinds of layer
+        cfg = dict(hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=16, num_experts_per_tok=4,
+                   norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1], block_size=4,
+                   rope_theta=1000000.0, max_position_embeddings=512, architectures=["SDARMoeForCausalLM"],
+                   **{**ids, "bos_token_id": 2}, **_SDAR_MOE_EXTRA_KEYS)
+        cfg.update(overrides)
+        return SDARMoeConfig(**cfg)
     raise ValueError(f"family={family!r}; valid: {', '.join(MOE_FAMILIES)}")
 
 
@@ -132,10 +147,10 @@ def _tiny_moe_value(name: str, shape, gen: torch.Generator, scale: float) -> tor
 def tiny_moe_model(family: str, seed: int = 0, scale: float = 1.0, **overrides):
     """A tiny random model of ``family`` whose weights depend only on ``seed`` and ``scale`` (each
     tensor drawn in sorted-name order, whatever the order the modules are built in)."""
-    from .modeling import LLaDA2MoeModelLM, LLaDAMoEModelLM
+    from .modeling import LLaDA2MoeModelLM, LLaDAMoEModelLM, SDARMoeForCausalLM
 
     config = tiny_moe_config(family, **overrides)
-    model = (LLaDA2MoeModelLM if family == "llada2" else LLaDAMoEModelLM)(config)
+    model = {"llada2": LLaDA2MoeModelLM, "llada-moe": LLaDAMoEModelLM, "sdar-moe": SDARMoeForCausalLM}[family](config)
     gen = torch.Generator().manual_seed(seed)
     state = {name: _tiny_moe_value(name, t.shape, gen, scale) for name, t in sorted(model.state_dict().items())}
     if family == "llada2":  # the reference zeroes the padding row at init; keep it that way

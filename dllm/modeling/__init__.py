@@ -11,6 +11,7 @@ from .kv_cache import CACHE_MODES, DiffusionKVCache, positions_from_mask
 from .llada2_moe import LLaDA2MoeConfig, LLaDA2MoeModelLM  # registers the LLaDA2 family
 from .llada_moe import LLaDAMoEConfig, LLaDAMoEModelLM  # registers the LLaDA-MoE family
 from .sdar import SDARConfig, SDARForCausalLM  # registers the SDAR family (SDAR, TraDo, LightningRL)
+from .sdar_moe import SDARMoeConfig, SDARMoeForCausalLM  # registers SDAR's mixture-of-experts variant
 
 
 def _register() -> None:
@@ -30,8 +31,9 @@ def _register() -> None:
 _register()
 
 __all__ = [
-    "ATTENTION_POLICIES", "CACHE_MODES", "CheckpointConfigError", "CoreSpec", "DiffusionKVCache",
-    "DiffusionLM", "DiffusionLMOutput", "DreamConfig", "DreamModel", "LLaDAConfig", "LLaDAModelLM",
-    "FAMILIES", "Family", "LLaDA2MoeConfig", "LLaDA2MoeModelLM", "LLaDAMoEConfig", "LLaDAMoEModelLM", "SDARConfig", "SDARForCausalLM",
-    "FastDLLMQwenConfig", "Fast_dLLM_QwenForCausalLM", "block_ids", "build_attention_mask", "family_of", "positions_from_mask",
+    "ATTENTION_POLICIES", "CACHE_MODES", "CheckpointConfigError", "CoreSpec", "DiffusionKVCache", "DiffusionLM",
+    "DiffusionLMOutput", "DreamConfig", "DreamModel", "LLaDAConfig", "LLaDAModelLM", "FAMILIES", "Family",
+    "LLaDA2MoeConfig", "LLaDA2MoeModelLM", "LLaDAMoEConfig", "LLaDAMoEModelLM", "SDARConfig", "SDARForCausalLM",
+    "SDARMoeConfig", "SDARMoeForCausalLM", "FastDLLMQwenConfig", "Fast_dLLM_QwenForCausalLM", "block_ids",
+    "build_attention_mask", "family_of", "positions_from_mask",
 ]

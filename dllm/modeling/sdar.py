@@ -19,7 +19,7 @@ Quirks of the reference modeling code, and what dllm does:
 * RMSNorm goes through flash-attn's Triton ``rms_norm_fn`` (fp32 math, as dllm's);
 * inference attention is flash-attn without a mask when every key is visible, SDPA with the
   block mask otherwise: the same function;
-* the MoE variant (``SDARMoeForCausalLM``) is not implemented: loading one says so.
+* the MoE variant (``SDARMoeForCausalLM``, SDAR-30B-A3B) is its own format: :mod:`dllm.modeling.sdar_moe`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from torch import nn
 
 from .configuration import CheckpointConfigError, CoreSpec, _check_policy
 from .core import BackboneLM
-from .families import UNSUPPORTED, Family, register
+from .families import Family, register
 from .layers import QWEN2_LAYER_NAMES, DecoderLayer, LayerNames, RMSNorm
 from .published import PublishedLayoutConfig
 
@@ -170,7 +170,3 @@ class SDARForCausalLM(QwenFormatLM):
 
 
 register(Family("SDAR", "SDARForCausalLM", "sdar", SDARConfig, SDARForCausalLM, MASK_ID, "block_causal", "aligned"))
-UNSUPPORTED["SDARMoeForCausalLM"] = (
-    "SDAR's mixture-of-experts variant (SDAR-30B-A3B) is not supported yet; dllm loads the dense SDAR "
-    "checkpoints (SDARForCausalLM: SDAR-1.7B/4B/8B, TraDo, LightningRL)"
-)

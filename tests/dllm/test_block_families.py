@@ -180,8 +180,8 @@ def test_generation_config_eos_list_and_family_defaults(checkpoints):
 
 
 def test_unsupported_and_broken_checkpoints_say_what_to_do(tmp_path):
-    with pytest.raises(CheckpointError, match="mixture-of-experts variant .* not supported yet"):
-        family_of({"architectures": ["SDARMoeForCausalLM"], "model_type": "sdar_moe"})
+    with pytest.raises(CheckpointError, match=r"dllm loads: .*SDARForCausalLM \(sdar\).*SDARMoeForCausalLM"):
+        family_of({"architectures": ["SDARNextForCausalLM"], "model_type": "sdar_next"})
     assert family_of({"model_type": "sdar"}).name == "SDAR"  # model_type is the fallback
     model = tiny_block_model("sdar", mask_token_id=None)
     with pytest.raises(CheckpointError, match='set "mask_token_id" in its config.json'):

@@ -40,3 +40,16 @@ def test_serve_decodes_with_the_family_decoder(serve, checkpoints, family, strat
         if family == "sdar":  # a strategy that needs shifted logits: refused with the reason, not a 500
             bad = httpx.post(url + "/v1/completions", json={**body, "strategy": "fast_dllm_v2"}, timeout=60)
             assert bad.status_code == 400 and "shifted logits" in bad.text
+
+
+def test_serve_takes_sdar_moe_with_its_family_decoder(serve, tmp_path):
+    """SDAR's mixture-of-experts format serves as dense SDAR does (its decoder by default)."""
+    from dllm.testing import save_tiny_moe_checkpoint
+
+    save_tiny_moe_checkpoint(tmp_path / "sdar-moe", "sdar-moe", seed=0, scale=2.0)
+    with serve(tmp_path / "sdar-moe") as (url, _):
+        info = httpx.get(url + "/v1/models").json()["data"][0]["dllm"]
+        assert info["default_strategy"] == "sdar" and info["attention"] == "block_causal"
+        body = {"model": MODEL, "prompt": "sort : Ann Bob", "max_tokens": 8, "temperature": 0}
+        whole = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
+        assert whole["dllm"]["strategy"] == "sdar" and whole["usage"]["completion_tokens"] == 8

@@ -85,3 +85,34 @@ def test_grpo_on_llada_moe_with_threshold_rollouts(moe_checkpoints, tmp_path):
     exported = dllm.load_model(export)
     assert isinstance(exported, dllm.modeling.LLaDAMoEModelLM)
     assert exported.diffusion_generation_config.strategy == "threshold"
+
+
+def test_block_diffusion_sft_on_sdar_moe_keeps_the_published_names(tmp_path):
+    """SDAR-MoE trains as SDAR does (block-causal, so block-diffusion SFT) with LoRA on the experts; the export
+    has the folder's tensor names and loads again."""
+    from safetensors import safe_open
+
+    from dllm.testing import save_tiny_moe_checkpoint
+
+    folder = tmp_path / "sdar-moe"
+    save_tiny_moe_checkpoint(folder, "sdar-moe", seed=0, scale=2.0)
+    cfg = SFTConfig(run_dir=str(tmp_path / "run"), max_steps=2, batch_size=4, num_threads=1, log_every=1,
+                    save_every=0, progress=False, model={"path": str(folder)},
+                    data={"tasks": {"arith": 1}, "max_new_tokens": 8}, optim={"lr": 1e-2, "warmup_steps": 0},
+                    lora={"enabled": True, "r": 4, "alpha": 8, "dropout": 0.0,
+                          "target_modules": ["q_proj", "gate_proj", "up_proj", "down_proj"]})
+    result = SFTTrainer(cfg).train()
+    assert result.status == "finished"
+
+    def names(d: Path) -> set[str]:
+        index = d / "model.safetensors.index.json"
+        if index.exists():
+            return set(json.loads(index.read_text())["weight_map"])
+        with safe_open(str(d / "model.safetensors"), "pt") as f:
+            return set(f.keys())
+
+    assert names(result.export_dir) == names(folder)
+    before, after = dllm.load_model(folder), dllm.load_model(result.export_dir)
+    ids = torch.randint(4, 402, (1, 12))
+    with torch.no_grad():
+        assert not torch.equal(before(ids, prompt_length=None).logits, after(ids, prompt_length=None).logits)
