@@ -56,6 +56,9 @@ class SDARConfig(PublishedLayoutConfig):
 
     model_type = "sdar"
     OURS = {"attention_policy": "block_causal"}
+    #: keys only the family's own code reads, given their published values when a config lacks them
+    PUBLISHED_EXTRAS = PUBLISHED_EXTRAS
+    FAMILY = "SDAR"  # names the family in this config's errors
 
     def __init__(
         self,
@@ -84,7 +87,7 @@ class SDARConfig(PublishedLayoutConfig):
         attention_policy: str = "block_causal",
         **kwargs,
     ) -> None:
-        for key, value in PUBLISHED_EXTRAS.items():
+        for key, value in self.PUBLISHED_EXTRAS.items():
             kwargs.setdefault(key, value)
         self._keep_published(rope_scaling=rope_scaling, use_cache=use_cache, kwargs=kwargs)
         self.vocab_size = vocab_size
@@ -97,7 +100,7 @@ class SDARConfig(PublishedLayoutConfig):
         self.sliding_window = sliding_window
         self.max_window_layers = max_window_layers
         self.num_key_value_heads = num_key_value_heads or num_attention_heads
-        self.head_dim = head_dim
+        self.head_dim = head_dim  # None (Qwen3-MoE's default): hidden_size / num_attention_heads
         self.hidden_act = hidden_act
         self.initializer_range = initializer_range
         self.rms_norm_eps = rms_norm_eps
@@ -113,11 +116,11 @@ class SDARConfig(PublishedLayoutConfig):
 
     def core_spec(self) -> CoreSpec:
         if self.hidden_act != "silu":
-            raise CheckpointConfigError(f"SDAR config has hidden_act={self.hidden_act!r}; dllm implements 'silu'")
+            raise CheckpointConfigError(f"{self.FAMILY} config has hidden_act={self.hidden_act!r}; dllm implements 'silu'")
         if self.attention_bias:
-            raise CheckpointConfigError("SDAR config sets attention_bias=true, which dllm does not implement")
+            raise CheckpointConfigError(f"{self.FAMILY} config sets attention_bias=true, which dllm does not implement")
         if self.use_sliding_window:
-            raise CheckpointConfigError("SDAR config sets use_sliding_window=true, which dllm does not implement")
+            raise CheckpointConfigError(f"{self.FAMILY} config sets use_sliding_window=true, which dllm does not implement")
         self.unsupported_rope()
         return CoreSpec(
             vocab_size=self.vocab_size,
@@ -125,7 +128,7 @@ class SDARConfig(PublishedLayoutConfig):
             num_layers=self.num_hidden_layers,
             num_heads=self.num_attention_heads,
             num_kv_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
+            head_dim=self.head_dim or self.hidden_size // self.num_attention_heads,
             intermediate_size=self.intermediate_size,
             rope_theta=float(self.rope_theta),
             rms_norm_eps=float(self.rms_norm_eps),
@@ -140,24 +143,31 @@ class SDARConfig(PublishedLayoutConfig):
 
 
 class QwenBackbone(nn.Module):
-    """``model.embed_tokens``, ``model.layers``, ``model.norm`` under the given layer names."""
+    """``model.embed_tokens``, ``model.layers``, ``model.norm`` under the given layer names; ``mlp_for(i)``
+    gives layer i's feed-forward module (None: the dense SwiGLU under the names)."""
 
-    def __init__(self, spec: CoreSpec, names: LayerNames) -> None:
+    def __init__(self, spec: CoreSpec, names: LayerNames, mlp_for=None) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(spec, names, i) for i in range(spec.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(spec, names, i, mlp=mlp_for(i) if mlp_for else None)
+                                    for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
 
 class QwenFormatLM(BackboneLM):
-    """A Qwen-format checkpoint (``model.*`` + ``lm_head``); subclasses set ``config_class`` and ``layer_names``."""
+    """A Qwen-format checkpoint (``model.*`` + ``lm_head``); subclasses set ``config_class`` and ``layer_names``,
+    and a mixture-of-experts format overrides :meth:`layer_mlp`."""
 
     layer_names: LayerNames = QWEN2_LAYER_NAMES
 
     def __init__(self, config) -> None:
         super().__init__(config)
         self._setup_core()
-        self._attach(QwenBackbone(self.spec, self.layer_names))
+        self._attach(QwenBackbone(self.spec, self.layer_names, self.layer_mlp))
+
+    def layer_mlp(self, index: int) -> nn.Module | None:
+        """Layer ``index``'s feed-forward module; None: a dense SwiGLU."""
+        return None
 
 
 class SDARForCausalLM(QwenFormatLM):

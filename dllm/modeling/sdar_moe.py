@@ -25,13 +25,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .configuration import CheckpointConfigError, CoreSpec, _check_policy
-from .core import BackboneLM
+from .configuration import CheckpointConfigError, CoreSpec
 from .families import Family, register
-from .layers import DecoderLayer, LayerNames, RMSNorm
+from .layers import LayerNames
 from .moe import Experts, requested_path, route_softmax
-from .published import PublishedLayoutConfig
-from .sdar import MASK_ID, QWEN3_LAYER_NAMES, SDARForCausalLM
+from .sdar import MASK_ID, QWEN3_LAYER_NAMES, SDARConfig, SDARForCausalLM
 
 SDAR_MOE_LAYER_NAMES = LayerNames(**{**QWEN3_LAYER_NAMES.__dict__, "mlp": "mlp"})
 # The remote-code entry points of the family's own files (``configuration_sdar_moe.py``, ``modeling_sdar_moe.py``).
@@ -39,16 +37,15 @@ AUTO_MAP = {"AutoConfig": "configuration_sdar_moe.SDARMoeConfig", "AutoModel": "
             "AutoModelForCausalLM": "modeling_sdar_moe.SDARMoeForCausalLM"}
 
 
-class SDARMoeConfig(PublishedLayoutConfig):
-    """Config of SDAR-MoE checkpoints under their own (Qwen3-MoE) field names.
-
-    Defaults are Qwen3-MoE's (transformers v4.52, the base of the family's configuration file) plus
-    SDAR's ``block_size`` and ``mask_token_id``. ``attention_policy`` is ours (``"block_causal"``;
-    ``"bidirectional"`` views the weights without the block mask) and is written only when changed.
+class SDARMoeConfig(SDARConfig):
+    """Config of SDAR-MoE checkpoints under their own (Qwen3-MoE) field names: SDAR's fields, with
+    Qwen3-MoE's sizes as defaults (transformers v4.52, the base of the family's configuration file, where
+    ``head_dim`` defaults to hidden_size / num_attention_heads), plus the mixture-of-experts fields.
     """
 
     model_type = "sdar_moe"
-    OURS = {"attention_policy": "block_causal"}
+    PUBLISHED_EXTRAS = {"auto_map": AUTO_MAP}  # noqa: RUF012 - a class constant, as SDARConfig's
+    FAMILY = "SDAR-MoE"
 
     def __init__(
         self,
@@ -59,19 +56,6 @@ class SDARMoeConfig(PublishedLayoutConfig):
         num_attention_heads: int = 32,
         num_key_value_heads: int | None = 4,
         head_dim: int | None = None,
-        hidden_act: str = "silu",
-        max_position_embeddings: int = 32768,
-        initializer_range: float = 0.02,
-        rms_norm_eps: float = 1e-6,
-        use_cache: bool = True,
-        tie_word_embeddings: bool = False,
-        rope_theta: float = 10000.0,
-        rope_scaling: dict | None = None,
-        attention_bias: bool = False,
-        use_sliding_window: bool = False,
-        sliding_window: int | None = 4096,
-        max_window_layers: int = 28,
-        attention_dropout: float = 0.0,
         decoder_sparse_step: int = 1,
         moe_intermediate_size: int = 768,
         num_experts_per_tok: int = 8,
@@ -80,30 +64,8 @@ class SDARMoeConfig(PublishedLayoutConfig):
         output_router_logits: bool = False,
         router_aux_loss_coef: float = 0.001,
         mlp_only_layers: list[int] | None = None,
-        block_size: int = 4,
-        mask_token_id: int | None = MASK_ID,
-        attention_policy: str = "block_causal",
         **kwargs,
     ) -> None:
-        kwargs.setdefault("auto_map", AUTO_MAP)
-        self._keep_published(rope_scaling=rope_scaling, use_cache=use_cache, kwargs=kwargs)
-        self.vocab_size = vocab_size
-        self.max_position_embeddings = max_position_embeddings
-        self.hidden_size = hidden_size
-        self.intermediate_size = intermediate_size
-        self.num_hidden_layers = num_hidden_layers
-        self.num_attention_heads = num_attention_heads
-        self.use_sliding_window = use_sliding_window
-        self.sliding_window = sliding_window
-        self.max_window_layers = max_window_layers
-        self.num_key_value_heads = num_key_value_heads or num_attention_heads
-        self.head_dim = head_dim
-        self.hidden_act = hidden_act
-        self.initializer_range = initializer_range
-        self.rms_norm_eps = rms_norm_eps
-        self.rope_theta = rope_theta
-        self.attention_bias = attention_bias
-        self.attention_dropout = attention_dropout
         self.decoder_sparse_step = decoder_sparse_step
         self.moe_intermediate_size = moe_intermediate_size
         self.num_experts_per_tok = num_experts_per_tok
@@ -112,12 +74,9 @@ class SDARMoeConfig(PublishedLayoutConfig):
         self.output_router_logits = output_router_logits
         self.router_aux_loss_coef = router_aux_loss_coef
         self.mlp_only_layers = [] if mlp_only_layers is None else list(mlp_only_layers)
-        self.block_size = block_size
-        self.mask_token_id = mask_token_id
-        self.attention_policy = attention_policy
-        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
-        self.use_cache = use_cache
-        _check_policy(attention_policy, block_size)
+        super().__init__(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                         num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+                         num_key_value_heads=num_key_value_heads, head_dim=head_dim, **kwargs)
 
     def is_moe_layer(self, index: int) -> bool:
         """Qwen3-MoE's rule (see the module docstring)."""
@@ -125,37 +84,13 @@ class SDARMoeConfig(PublishedLayoutConfig):
                 and (index + 1) % self.decoder_sparse_step == 0)
 
     def core_spec(self) -> CoreSpec:
-        if self.hidden_act != "silu":
-            raise CheckpointConfigError(f"SDAR-MoE config has hidden_act={self.hidden_act!r}; dllm implements 'silu'")
-        if self.attention_bias:
-            raise CheckpointConfigError("SDAR-MoE config sets attention_bias=true, which dllm does not implement")
-        if self.use_sliding_window:
-            raise CheckpointConfigError("SDAR-MoE config sets use_sliding_window=true, which dllm does not implement")
         if self.num_experts > 0 and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise CheckpointConfigError(f"SDAR-MoE config has num_experts_per_tok={self.num_experts_per_tok} "
                                         f"for {self.num_experts} experts")
         if self.decoder_sparse_step < 1:
             raise CheckpointConfigError(f"SDAR-MoE config has decoder_sparse_step={self.decoder_sparse_step}; "
                                         "it must be at least 1")
-        self.unsupported_rope()
-        return CoreSpec(
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
-            num_layers=self.num_hidden_layers,
-            num_heads=self.num_attention_heads,
-            num_kv_heads=self.num_key_value_heads,
-            head_dim=self.head_dim or self.hidden_size // self.num_attention_heads,
-            intermediate_size=self.intermediate_size,
-            rope_theta=float(self.rope_theta),
-            rms_norm_eps=float(self.rms_norm_eps),
-            qkv_bias=False,
-            tie_embeddings=bool(self.tie_word_embeddings),
-            logit_shift=False,
-            attention_policy=self.attention_policy,
-            block_size=self.block_size,
-            qk_norm=True,
-            block_alignment="position",
-        )
+        return super().core_spec()
 
 
 class SDARMoeBlock(nn.Module):
@@ -178,28 +113,14 @@ class SDARMoeBlock(nn.Module):
         return out.view(shape)
 
 
-class _SDARMoeBackbone(nn.Module):
-    def __init__(self, spec: CoreSpec, config: SDARMoeConfig) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(
-            DecoderLayer(spec, SDAR_MOE_LAYER_NAMES, i, mlp=SDARMoeBlock(config) if config.is_moe_layer(i) else None)
-            for i in range(spec.num_layers))
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-
-
-class SDARMoeForCausalLM(BackboneLM):
-    """SDAR-MoE checkpoint format (see the module docstring)."""
+class SDARMoeForCausalLM(SDARForCausalLM):
+    """SDAR-MoE checkpoint format (see the module docstring); decodes with SDAR's own decoder."""
 
     config_class = SDARMoeConfig
-    _no_split_modules = ["DecoderLayer"]
-    _keys_to_ignore_on_load_unexpected = [r"rotary_emb\.inv_freq"]
-    family_decoding = SDARForCausalLM.family_decoding  # SDAR's generate.py, shared by the family
+    layer_names = SDAR_MOE_LAYER_NAMES
 
-    def __init__(self, config: SDARMoeConfig) -> None:
-        super().__init__(config)
-        self._setup_core()
-        self._attach(_SDARMoeBackbone(self.spec, config))
+    def layer_mlp(self, index: int) -> nn.Module | None:
+        return SDARMoeBlock(self.config) if self.config.is_moe_layer(index) else None
 
 
 register(Family("SDAR-MoE", "SDARMoeForCausalLM", "sdar_moe", SDARMoeConfig, SDARMoeForCausalLM, MASK_ID,
