@@ -131,3 +131,25 @@ def test_dllm_info_reports_the_family(folder):
     want = {"family": "SDAR-MoE", "attention": "block_causal", "block_size": 4, "logits": "aligned",
             "blocks_from": "position 0"}
     assert {k: facts[k] for k in want} == want
+
+
+def test_the_30b_a3b_shape_has_its_published_parameter_count():
+    """Qwen3-30B-A3B's shape, which SDAR-30B-A3B is trained from: 30.5B parameters, 3.3B active per token.
+    Built on the meta device with 1 and 2 layers (48 layers of 128 experts would be 18,432 modules), the
+    rest counted from the difference."""
+    from accelerate import init_empty_weights
+
+    shape = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_attention_heads=32,
+                 num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                 vocab_size=151936, tie_word_embeddings=False)
+    counts = []
+    for layers in (1, 2):
+        with init_empty_weights():
+            model = SDARMoeForCausalLM(SDARMoeConfig(num_hidden_layers=layers, **shape))
+        counts.append(sum(p.numel() for p in model.parameters()))
+    per_layer = counts[1] - counts[0]
+    total = counts[0] + 47 * per_layer
+    expert = 3 * 2048 * 768
+    active = total - 48 * (128 - 8) * expert
+    assert 30.4e9 < total < 30.6e9 and 3.2e9 < active < 3.4e9
+    assert len(model.model.layers[1].mlp.experts) == 128
