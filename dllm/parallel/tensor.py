@@ -1,7 +1,7 @@
 """Tensor parallelism for decoding: every rank holds a slice of each transformer layer.
 
 :func:`shard_model` turns a loaded dllm model (any family: LLaDA, Dream, SDAR, Fast-dLLM v2,
-LLaDA-MoE, LLaDA2) into the shard of the calling rank, in place:
+LLaDA-MoE, LLaDA2, SDAR-MoE) into the shard of the calling rank, in place:
 
 * **column-parallel** (output features sliced per rank): q, k and v (or the fused q/k/v projection:
   its q, k and v parts each sliced), the MLP gate and up projections;

@@ -1,6 +1,6 @@
 """Tensor-parallel shards on 2 gloo CPU processes equal one process: identical tokens and forward counts
 (bundled tiny: threshold + dual cache; tiny-d2f: d2f and lopa) and logits within 1e-5 for a tiny random
-model of every family (LLaDA GQA, Dream, SDAR, Fast-dLLM v2, LLaDA-MoE, LLaDA2).
+model of every family (LLaDA GQA, Dream, SDAR, Fast-dLLM v2, LLaDA-MoE, LLaDA2, SDAR-MoE).
 
 A 2 x 2 branch x tensor mesh (4 gloo processes: LoPA branches over 2 replicas, each sharded in 2) equals
 one process too, on tiny-d2f and on the bidirectional tiny.
@@ -21,10 +21,10 @@ import torch
 
 WORLD = 2
 PROMPTS = ("What is 123 + 45 ?", "reverse : Ann Bob Cal")  # task-suite prompts the bundled models answer
-FAMILIES = ("llada-gqa", "dream", "sdar", "fast-dllm-v2", "llada-moe", "llada2")
+FAMILIES = ("llada-gqa", "dream", "sdar", "fast-dllm-v2", "llada-moe", "llada2", "sdar-moe")
 # each family's fixture decoded greedily by its own decoder (threshold where the family has none)
 FAMILY_STRATEGY = {"llada-gqa": "threshold", "dream": "threshold", "sdar": "sdar", "fast-dllm-v2": "fast_dllm_v2",
-                   "llada-moe": "threshold", "llada2": "edit"}
+                   "llada-moe": "threshold", "llada2": "edit", "sdar-moe": "sdar"}
 
 
 def _family_model(name: str):
