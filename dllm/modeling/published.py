@@ -31,6 +31,17 @@ class PublishedLayoutConfig(PretrainedConfig):
         self.published_attn_implementation = kwargs.pop("attn_implementation", None)
         self.use_cache = use_cache
 
+    # ``to_dict`` writes the published ``torch_dtype`` key, and transformers reads every key of it back as an
+    # attribute (``to_diff_dict``, behind each repr of the config, which every from_pretrained logs): its
+    # own ``torch_dtype`` property warns that the name is deprecated, on each load of a published folder.
+    @property
+    def torch_dtype(self):
+        return self.dtype
+
+    @torch_dtype.setter
+    def torch_dtype(self, value) -> None:
+        self.dtype = value
+
     def unsupported_rope(self) -> None:
         rs = self.published_rope_scaling
         if rs and rs.get("rope_type", rs.get("type")) not in (None, "default"):

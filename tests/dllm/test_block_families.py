@@ -160,6 +160,19 @@ def test_saved_folder_has_the_published_layout(checkpoints, family, tmp_path):
     assert weights_sha256(again) == weights_sha256(model)
 
 
+@pytest.mark.parametrize("family", ["sdar", "fast-dllm-v2"])
+def test_loading_a_published_folder_warns_of_nothing(checkpoints, family, monkeypatch):
+    """The published ``torch_dtype`` key is read back without transformers' deprecation warning for the name."""
+    import transformers.configuration_utils as configuration_utils
+
+    said = []
+    monkeypatch.setattr(configuration_utils.logger, "warning_once", lambda msg, *a, **k: said.append(str(msg)))
+    d, model = checkpoints[family]
+    config = type(model.config).from_pretrained(d)
+    assert "torch_dtype" in json.loads(config.to_json_string()) and config.torch_dtype == config.dtype
+    assert not [m for m in said if "torch_dtype" in m]
+
+
 def test_auto_classes_load_the_folders_without_remote_code(checkpoints):
     from transformers import AutoConfig, AutoModelForCausalLM
 
