@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -84,9 +85,13 @@ def info(
     family = family_of(cfg)
     block_causal = cfg.get("attention_policy", family.attention) == "block_causal"
     block_size = cfg.get("block_size")
+    experts = None
     try:  # the format's own reading of its config (Fast-dLLM v2 calls its block bd_size)
-        spec = family.config_class.from_dict(cfg).core_spec()
+        config = family.config_class.from_dict(cfg)
+        spec = config.core_spec()
         block_causal, block_size = spec.attention_policy == "block_causal", spec.block_size
+        if hasattr(config, "expert_layout"):  # a mixture of experts
+            experts = config.expert_layout()
     except Exception:  # noqa: BLE001 - info describes what it can; loading reports config errors
         spec = None
     defaults = DiffusionGenerationConfig().to_dict()
@@ -97,6 +102,9 @@ def info(
         "architecture": family.architecture,
         "model_type": cfg.get("model_type"),
         "parameters": parameters,
+        **({} if experts is None else {
+            "experts": dataclasses.asdict(experts),
+            "active_parameters": None if parameters is None else parameters - experts.idle_parameters}),
         "attention": "block_causal" if block_causal else "bidirectional",
         "logits": family.logits,
         "block_size": block_size if block_causal else None,
@@ -125,8 +133,10 @@ def info(
     for key, value in facts.items():
         if key == "generation_defaults":
             value = ", ".join(f"{k}={v}" for k, v in value.items())
-        elif key == "parameters" and value is not None:
+        elif key in ("parameters", "active_parameters") and value is not None:
             value = f"{value:,} ({value / 1e6:.2f}M)" if value < 1e9 else f"{value:,} ({value / 1e9:.2f}B)"
+        elif key == "experts":
+            value = str(experts)
         typer.echo(f"{key:<{width}}  {value}")
 
 

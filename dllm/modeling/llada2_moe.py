@@ -34,7 +34,7 @@ from .configuration import CheckpointConfigError, CoreSpec
 from .core import BackboneLM
 from .families import Family, register
 from .layers import DecoderLayer, LayerNames, RMSNorm
-from .moe import Experts, SwiGLU, requested_path, route_sigmoid_grouped
+from .moe import ExpertLayout, Experts, SwiGLU, expert_layout, requested_path, route_sigmoid_grouped
 
 LLADA2_LAYER_NAMES = LayerNames(
     attn_norm="input_layernorm", q="", k="", v="", qkv="attention.query_key_value",
@@ -136,6 +136,9 @@ class LLaDA2MoeConfig(PretrainedConfig):
 
     def is_moe_layer(self, index: int) -> bool:
         return self.num_experts is not None and index >= self.first_k_dense_replace
+
+    def expert_layout(self) -> ExpertLayout:
+        return expert_layout(self, self.moe_intermediate_size)
 
     def core_spec(self) -> CoreSpec:
         if self.hidden_act != "silu":

@@ -29,7 +29,7 @@ from .configuration import CheckpointConfigError, CoreSpec
 from .core import BackboneLM
 from .families import Family, register
 from .layers import QWEN2_LAYER_NAMES, DecoderLayer, LayerNames, RMSNorm
-from .moe import Experts, SwiGLU, requested_path, route_softmax
+from .moe import ExpertLayout, Experts, SwiGLU, expert_layout, requested_path, route_softmax
 
 LLADA_MOE_LAYER_NAMES = LayerNames(
     **{**QWEN2_LAYER_NAMES.__dict__, "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm", "mlp": "mlp"}
@@ -122,6 +122,9 @@ class LLaDAMoEConfig(PretrainedConfig):
 
     def is_moe_layer(self, index: int) -> bool:
         return bool(self.moe_layer_freq[index])
+
+    def expert_layout(self) -> ExpertLayout:
+        return expert_layout(self, self.expert_intermediate_size)
 
     def core_spec(self) -> CoreSpec:
         missing = [name for name in _REQUIRED if getattr(self, name) is None]

@@ -10,9 +10,10 @@ decided by it, so a wrong tie-break or a bias in the wrong place changes the mod
   ``n_group`` groups (a group's score is the sum of its two best biased scores); the chosen
   experts' unbiased scores are renormalised to sum 1 (always, whatever ``norm_topk_prob`` says:
   the reference ignores that field) and multiplied by ``routed_scaling_factor``.
-* :func:`route_softmax` (LLaDA-MoE, OLMoE-style): softmax over all experts in float32; an expert
-  bias, when the checkpoint has one, is added to the probabilities and the biased values are the
-  weights (no renormalisation: the reference hard-codes ``norm_topk_prob = False``).
+* :func:`route_softmax` (LLaDA-MoE, OLMoE-style; SDAR-MoE, Qwen3-MoE-style): softmax over all experts
+  in float32; an expert bias, when the checkpoint has one, is added to the probabilities and the
+  biased values are the weights; renormalised to sum 1 only with ``norm_topk_prob`` (LLaDA-MoE's
+  reference hard-codes it off, SDAR-MoE's reads it from the config).
 
 The dispatch (:class:`Experts`) has three interchangeable paths, equal up to float summation order
 (tests/dllm/test_moe_families.py; on CUDA too): ``loop`` (one boolean selection per expert: readable,
@@ -31,6 +32,7 @@ The path can be forced with ``DLLM_MOE_PATH`` or a block's ``moe_path`` attribut
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +40,34 @@ from torch import nn
 
 MOE_PATHS = ("auto", "loop", "sorted", "grouped")
 ENV_VAR = "DLLM_MOE_PATH"
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """Where a mixture-of-experts config puts its routed experts (``dllm info``, active parameters)."""
+
+    routed: int  # routed experts per MoE layer
+    top_k: int  # routed experts each token runs
+    moe_layers: int  # layers whose feed-forward is a MoE block ...
+    layers: int  # ... of this many
+    expert_parameters: int  # one routed expert's weights (a SwiGLU: 3 x hidden x width)
+
+    @property
+    def idle_parameters(self) -> int:
+        """Routed-expert weights a token does not run: a model's parameters minus these are its active ones."""
+        return self.moe_layers * (self.routed - self.top_k) * self.expert_parameters
+
+    def __str__(self) -> str:
+        return f"{self.routed} routed, top {self.top_k}, in {self.moe_layers} of {self.layers} layers"
+
+
+def expert_layout(config, width: int) -> ExpertLayout:
+    """The layout of a config with ``num_experts``, ``num_experts_per_tok``, ``num_hidden_layers``, ``hidden_size``
+    and ``is_moe_layer(i)``, whose routed experts are SwiGLUs of ``width``."""
+    layers = config.num_hidden_layers
+    return ExpertLayout(config.num_experts, config.num_experts_per_tok,
+                        sum(bool(config.is_moe_layer(i)) for i in range(layers)), layers,
+                        3 * config.hidden_size * width)
 
 
 class SwiGLU(nn.Module):

@@ -28,7 +28,7 @@ from torch import nn
 from .configuration import CheckpointConfigError, CoreSpec
 from .families import Family, register
 from .layers import LayerNames
-from .moe import Experts, requested_path, route_softmax
+from .moe import ExpertLayout, Experts, expert_layout, requested_path, route_softmax
 from .sdar import MASK_ID, QWEN3_LAYER_NAMES, SDARConfig, SDARForCausalLM
 
 SDAR_MOE_LAYER_NAMES = LayerNames(**{**QWEN3_LAYER_NAMES.__dict__, "mlp": "mlp"})
@@ -82,6 +82,9 @@ class SDARMoeConfig(SDARConfig):
         """Qwen3-MoE's rule (see the module docstring)."""
         return (index not in self.mlp_only_layers and self.num_experts > 0
                 and (index + 1) % self.decoder_sparse_step == 0)
+
+    def expert_layout(self) -> ExpertLayout:
+        return expert_layout(self, self.moe_intermediate_size)
 
     def core_spec(self) -> CoreSpec:
         if self.num_experts > 0 and not 0 < self.num_experts_per_tok <= self.num_experts:

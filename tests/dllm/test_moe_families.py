@@ -202,6 +202,24 @@ def test_published_defaults_instantiate_at_real_size():
     total = sum(p.numel() for p in model.parameters())
     assert 16.0e9 < total < 16.5e9
     assert len(model.model.layers[1].mlp.experts) == 256
+    # LLaDA2.0-mini's card: 16B parameters, 1.4B active per token (8 of 256 routed experts, one shared)
+    active = total - model.config.expert_layout().idle_parameters
+    assert 1.3e9 < active < 1.5e9
+
+
+@pytest.mark.parametrize("family,moe_layers", [("llada2", 2), ("llada-moe", 2)])
+def test_dllm_info_reports_the_experts_and_the_active_parameters(moe_checkpoints, family, moe_layers):
+    import json
+
+    from typer.testing import CliRunner
+
+    from dllm.cli import app
+
+    facts = json.loads(CliRunner().invoke(app, ["info", str(moe_checkpoints[family]), "--json"]).stdout)
+    layout = facts["experts"]
+    assert (layout["routed"], layout["top_k"], layout["moe_layers"], layout["layers"]) == (16, 4, moe_layers, 3)
+    idle = layout["moe_layers"] * (16 - 4) * layout["expert_parameters"]
+    assert facts["active_parameters"] == facts["parameters"] - idle
 
 
 def test_tiny_moe_models_are_deterministic():

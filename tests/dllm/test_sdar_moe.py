@@ -129,8 +129,13 @@ def test_dllm_info_reports_the_family(folder):
 
     facts = json.loads(CliRunner().invoke(app, ["info", str(folder), "--json"]).stdout)
     want = {"family": "SDAR-MoE", "attention": "block_causal", "block_size": 4, "logits": "aligned",
-            "blocks_from": "position 0"}
+            "blocks_from": "position 0",
+            "experts": {"routed": 16, "top_k": 4, "moe_layers": 2, "layers": 3, "expert_parameters": 3 * 32 * 16}}
     assert {k: facts[k] for k in want} == want
+    # a token runs 4 of the 16 experts in each of the 2 MoE layers: the other 12 are idle
+    assert facts["active_parameters"] == facts["parameters"] - 2 * 12 * 3 * 32 * 16
+    text = CliRunner().invoke(app, ["info", str(folder)]).stdout
+    assert "16 routed, top 4, in 2 of 3 layers" in text
 
 
 def test_the_30b_a3b_shape_has_its_published_parameter_count():
@@ -149,7 +154,8 @@ def test_the_30b_a3b_shape_has_its_published_parameter_count():
         counts.append(sum(p.numel() for p in model.parameters()))
     per_layer = counts[1] - counts[0]
     total = counts[0] + 47 * per_layer
-    expert = 3 * 2048 * 768
-    active = total - 48 * (128 - 8) * expert
+    layout = SDARMoeConfig(num_hidden_layers=48, **shape).expert_layout()  # what dllm info reports
+    assert (layout.moe_layers, layout.expert_parameters) == (48, 3 * 2048 * 768)
+    active = total - layout.idle_parameters
     assert 30.4e9 < total < 30.6e9 and 3.2e9 < active < 3.4e9
     assert len(model.model.layers[1].mlp.experts) == 128
