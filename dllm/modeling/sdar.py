@@ -100,7 +100,7 @@ class SDARConfig(PublishedLayoutConfig):
         self.sliding_window = sliding_window
         self.max_window_layers = max_window_layers
         self.num_key_value_heads = num_key_value_heads or num_attention_heads
-        self.head_dim = head_dim  # None (Qwen3-MoE's default): hidden_size / num_attention_heads
+        self.head_dim = head_dim
         self.hidden_act = hidden_act
         self.initializer_range = initializer_range
         self.rms_norm_eps = rms_norm_eps
@@ -128,7 +128,7 @@ class SDARConfig(PublishedLayoutConfig):
             num_layers=self.num_hidden_layers,
             num_heads=self.num_attention_heads,
             num_kv_heads=self.num_key_value_heads,
-            head_dim=self.head_dim or self.hidden_size // self.num_attention_heads,
+            head_dim=self.head_dim,
             intermediate_size=self.intermediate_size,
             rope_theta=float(self.rope_theta),
             rms_norm_eps=float(self.rms_norm_eps),

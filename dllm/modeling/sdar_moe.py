@@ -74,6 +74,8 @@ class SDARMoeConfig(SDARConfig):
         self.output_router_logits = output_router_logits
         self.router_aux_loss_coef = router_aux_loss_coef
         self.mlp_only_layers = [] if mlp_only_layers is None else list(mlp_only_layers)
+        # written out, never null: the family's own code reads getattr(config, "head_dim", default)
+        head_dim = head_dim or hidden_size // num_attention_heads
         super().__init__(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
                          num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
                          num_key_value_heads=num_key_value_heads, head_dim=head_dim, **kwargs)

@@ -159,3 +159,11 @@ def test_the_30b_a3b_shape_has_its_published_parameter_count():
     active = total - layout.idle_parameters
     assert 30.4e9 < total < 30.6e9 and 3.2e9 < active < 3.4e9
     assert len(model.model.layers[1].mlp.experts) == 128
+
+
+def test_a_config_without_head_dim_writes_the_derived_one(tmp_path):
+    """Qwen3-MoE's default head size is hidden / heads; it is written out, since the family's own code reads
+    ``getattr(config, "head_dim", ...)`` and a null would win over its default."""
+    config = SDARMoeConfig(hidden_size=64, num_attention_heads=4)
+    config.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["head_dim"] == 16 == config.core_spec().head_dim
