@@ -35,8 +35,8 @@ demo: install-demo
 # Three pytest workers (pytest-xdist) on two cores, one test file each at a time (--dist loadfile keeps a
 # module's fixtures in one worker), each computing on one thread (tests/conftest.py, which also starts the
 # longest files first). A third worker fills the time the others spend waiting on the servers and launched
-# processes they start: on 2 cores the suite used 1.5 of them with two workers (678 s) and 1.9 with three
-# (555 s). TEST_WORKERS=0 runs the suite in this process, one test at a time.
+# processes they start: on 2 cores the suite took 678 s with two workers and 555 s with three, which kept
+# 1.9 cores busy on average. TEST_WORKERS=0 runs the suite in this process, one test at a time.
 TEST_WORKERS ?= 3
 test: install-test
 	$(VPY) -m pytest -q -m "not gpu" --durations=10 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests
