@@ -14,9 +14,9 @@ are Qwen3-MoE's:
 
 Routing as the reference computes it (:func:`dllm.modeling.moe.route_softmax`): a float32 softmax over
 every expert, the top ``num_experts_per_tok``, renormalised to sum to 1 only when ``norm_topk_prob``
-(the published 30B-A3B sets it; the field's default is off, as Qwen3-MoE's), then cast to the hidden
-dtype and summed in it. JetEngine's SDAR-MoE path always renormalises, so the two agree on the
-published checkpoints. Router logits for an auxiliary loss are not returned (``output_router_logits``
+(Qwen3-30B-A3B, the base of SDAR-30B-A3B, sets it; the field's default is off, as Qwen3-MoE's), then
+cast to the hidden dtype and summed in it. JetEngine's SDAR-MoE path always renormalises, so the two
+agree wherever the field is set. Router logits for an auxiliary loss are not returned (``output_router_logits``
 and ``router_aux_loss_coef`` are kept in the config, unused).
 """
 
