@@ -90,7 +90,7 @@ def info(
         config = family.config_class.from_dict(cfg)
         spec = config.core_spec()
         block_causal, block_size = spec.attention_policy == "block_causal", spec.block_size
-        if hasattr(config, "expert_layout"):  # a mixture of experts
+        if hasattr(config, "expert_layout"):  # a mixture-of-experts format (None: no MoE layer in this config)
             experts = config.expert_layout()
     except Exception:  # noqa: BLE001 - info describes what it can; loading reports config errors
         spec = None

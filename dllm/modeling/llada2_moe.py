@@ -137,7 +137,7 @@ class LLaDA2MoeConfig(PretrainedConfig):
     def is_moe_layer(self, index: int) -> bool:
         return self.num_experts is not None and index >= self.first_k_dense_replace
 
-    def expert_layout(self) -> ExpertLayout:
+    def expert_layout(self) -> ExpertLayout | None:
         return expert_layout(self, self.moe_intermediate_size)
 
     def core_spec(self) -> CoreSpec:

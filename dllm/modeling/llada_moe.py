@@ -123,7 +123,7 @@ class LLaDAMoEConfig(PretrainedConfig):
     def is_moe_layer(self, index: int) -> bool:
         return bool(self.moe_layer_freq[index])
 
-    def expert_layout(self) -> ExpertLayout:
+    def expert_layout(self) -> ExpertLayout | None:
         return expert_layout(self, self.expert_intermediate_size)
 
     def core_spec(self) -> CoreSpec:

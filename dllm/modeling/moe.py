@@ -61,13 +61,14 @@ class ExpertLayout:
         return f"{self.routed} routed, top {self.top_k}, in {self.moe_layers} of {self.layers} layers"
 
 
-def expert_layout(config, width: int) -> ExpertLayout:
+def expert_layout(config, width: int) -> ExpertLayout | None:
     """The layout of a config with ``num_experts``, ``num_experts_per_tok``, ``num_hidden_layers``, ``hidden_size``
-    and ``is_moe_layer(i)``, whose routed experts are SwiGLUs of ``width``."""
+    and ``is_moe_layer(i)``, whose routed experts are SwiGLUs of ``width``; None when no layer is a MoE one."""
     layers = config.num_hidden_layers
-    return ExpertLayout(config.num_experts, config.num_experts_per_tok,
-                        sum(bool(config.is_moe_layer(i)) for i in range(layers)), layers,
-                        3 * config.hidden_size * width)
+    moe_layers = sum(bool(config.is_moe_layer(i)) for i in range(layers))
+    if not moe_layers or not config.num_experts:
+        return None
+    return ExpertLayout(config.num_experts, config.num_experts_per_tok, moe_layers, layers, 3 * config.hidden_size * width)
 
 
 class SwiGLU(nn.Module):

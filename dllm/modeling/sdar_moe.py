@@ -85,7 +85,7 @@ class SDARMoeConfig(SDARConfig):
         return (index not in self.mlp_only_layers and self.num_experts > 0
                 and (index + 1) % self.decoder_sparse_step == 0)
 
-    def expert_layout(self) -> ExpertLayout:
+    def expert_layout(self) -> ExpertLayout | None:
         return expert_layout(self, self.moe_intermediate_size)
 
     def core_spec(self) -> CoreSpec:

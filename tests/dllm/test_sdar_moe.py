@@ -104,6 +104,8 @@ def test_layer_rule_and_bad_configs():
     cfg = SDARMoeConfig(num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[3])
     assert [cfg.is_moe_layer(i) for i in range(6)] == [False, True, False, False, False, True]
     assert not SDARMoeConfig(num_experts=0).is_moe_layer(0)
+    assert SDARMoeConfig(num_experts=0).expert_layout() is None  # dllm info then shows no experts line
+    assert str(cfg.expert_layout()) == "128 routed, top 8, in 2 of 6 layers"
     for bad, said in (({"num_experts_per_tok": 9, "num_experts": 8}, "num_experts_per_tok=9"),
                       ({"decoder_sparse_step": 0}, "decoder_sparse_step=0"),
                       ({"attention_bias": True}, "attention_bias=true")):
