@@ -14,7 +14,9 @@ def bench(
     model: str = typer.Option("tiny-d2f", "--model", "-m", help="tiny, tiny-d2f, tiny-long, tiny-long-d2f, or a checkpoint directory."),
     suite: str = typer.Option("all", "--suite", help="arith, gsm, lists, sudoku, countdown (all: these five); the "
                                                               "long-answer sudoku9, longlists, chain (long); a JSON Lines "
-                                                              "file of your own (my.jsonl, exact match); a comma list; every."),
+                                                              "file of your own (my.jsonl, exact match); a comma list; every. "
+                                                              "A suite's options follow a colon: sudoku9:blanks=40, "
+                                                              "longlists:max_items=16,ops=sort+dedupe."),
     strategies: str = typer.Option("vanilla,threshold,d2f", "--strategies",
                                    help="Comma list; parameters as name:key=value,key=value (e.g. threshold:cache=dual,threshold=0.9)."),
     n: int = typer.Option(20, "--n", help="Held-out examples per suite."),

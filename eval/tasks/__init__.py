@@ -23,18 +23,63 @@ from .sudoku9 import Sudoku9Suite
 def resolve_suites(spec: str) -> list[TaskSuite]:
     """A comma-separated list of suite names, groups (``all``: the five short-answer suites; ``long``:
     the long-answer suites; ``every``: both) and JSON Lines files (``my.jsonl``: a
-    :class:`~dllm.eval.tasks.jsonl.FileSuite`, named by its stem), duplicates dropped, order kept."""
-    names = [s.strip() for s in spec.split(",") if s.strip()]
-    if not names:
+    :class:`~dllm.eval.tasks.jsonl.FileSuite`, named by its stem), duplicates dropped, order kept.
+
+    A built-in suite takes its constructor's options as ``name:key=value``, every following
+    ``key=value`` item belonging to it (``sudoku9:blanks=40,longlists:min_items=8,max_items=16``); a
+    list is written with ``+`` (``longlists:ops=sort+dedupe``). A suite appears once per spec."""
+    entries: list[tuple[str, dict]] = []
+    taking_options = False  # True after "name:", until the next bare name
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        name, sep, rest = item.partition(":")
+        if sep and name.strip() in _REGISTRY:
+            entries.append((name.strip(), {}))
+            taking_options, item = True, rest.strip()
+            if not item:
+                raise ValueError(f"{name.strip()!r} in {spec!r}: write a suite's options as {name.strip()}:key=value")
+        elif sep and name.strip() in SUITE_GROUPS:
+            raise ValueError(f"{item!r} in {spec!r}: a group of suites takes no options; give them to one suite, "
+                             f"as in sudoku9:blanks=40")
+        elif "=" not in item:
+            entries.append((item, {}))
+            taking_options = False
+            continue
+        key, eq, value = item.partition("=")
+        if not (taking_options and eq and key.strip()):
+            raise ValueError(f"{item!r} in {spec!r}: options follow their suite, as in "
+                             "sudoku9:blanks=40 or longlists:min_items=8,max_items=16")
+        entries[-1][1][key.strip()] = _option_value(value.strip())
+    if not entries:
         raise ValueError(f"empty suite spec {spec!r}; use 'all', 'long', 'every' or a comma list of: "
                          f"{', '.join(_REGISTRY)} (or JSON Lines files, my.jsonl)")
-    names = list(dict.fromkeys(x for n in names for x in SUITE_GROUPS.get(n, [n])))
+    names: list[str] = []
+    options: dict[str, dict] = {}
+    for name, opts in entries:
+        for n in SUITE_GROUPS.get(name, [name]) if not opts else [name]:
+            if n in options and options[n] != opts:
+                raise ValueError(f"suite {n!r} appears twice in {spec!r} with different options; "
+                                 "bench one setting per run")
+            options[n] = opts
+            if n not in names:
+                names.append(n)
     for n in names:
         if not is_data_file(n) and n not in _REGISTRY and ("." in n or "/" in n):
             raise ValueError(f"unknown suite {n!r}: a file of your own examples must be JSON Lines named *.jsonl; "
                              f"valid suites: {', '.join(_REGISTRY)}")
     labels = source_labels([n for n in names if is_data_file(n)])
-    return [FileSuite(n, labels[n]) if is_data_file(n) else get_suite(n) for n in names]
+    return [FileSuite(n, labels[n]) if is_data_file(n) else get_suite(n, **options[n]) for n in names]
+
+
+def _option_value(text: str):
+    """A suite option from the command line: a number, true/false/none, a string, or a ``+`` list."""
+    from dllm.decoding.config import parse_option_value
+
+    value = parse_option_value(text)
+    if isinstance(value, str) and "+" in value:
+        return [parse_option_value(v.strip()) for v in value.split("+") if v.strip()]
+    return value
 
 
 __all__ = [

@@ -48,8 +48,8 @@ def all_ints(text: str) -> list[int]:
 
 def chosen_ops(ops, valid: tuple[str, ...]) -> tuple[str, ...]:
     """A list suite's ``ops`` argument as a tuple (``None``: all of ``valid``); ValueError naming the
-    valid ops if one is unknown or none is chosen."""
-    chosen = tuple(valid if ops is None else ops)
+    valid ops if one is unknown or none is chosen. A single op may be given as a string."""
+    chosen = tuple(valid if ops is None else [ops] if isinstance(ops, str) else ops)
     bad = [o for o in chosen if o not in valid]
     if bad or not chosen:
         raise ValueError(f"unknown or empty ops {bad or chosen!r}; valid ops: {', '.join(valid)}")

@@ -10,6 +10,13 @@ every answer is at least 64 tokens long.
   * ``remove any name already at a left index :`` (dedupe): 22-40 distinct names plus 4-8 repeats
     of earlier names (26-48 items); the answer keeps each name's first occurrence, in order.
 
+Difficulty knob: ``min_items`` / ``max_items`` (default 22 / 48, at most 48; ``min_items`` defaults
+to half of a ``max_items`` below 44), the length of a copy, reverse or sort list. A dedupe list has ``min_items`` to ``max_items - max_items // 6`` distinct names
+plus ``ceil(min_items / 6)`` to ``max_items // 6`` repeats (at least one). Shorter lists are not long
+answers; they are for curricula (``data.suite_options: {longlists: {max_items: 12}}`` in a recipe) and
+for measuring how accuracy falls with length (``dllm bench --suite longlists:max_items=12``). The
+defaults draw exactly the problems the suite always drew.
+
 Prompts use only words that the short suites already use, so the suites' tokenizer covers them.
 
 Reward: 1.0 for the exact list, else 0.5 * (positions holding the right name) / max(reference
@@ -31,9 +38,7 @@ PROMPTS: dict[str, str] = {
     "sort": "sort :",
     "dedupe": "remove any name already at a left index :",
 }
-MIN_LEN, MAX_LEN = 22, 48  # items in a copy / reverse / sort list
-MIN_DISTINCT, MAX_DISTINCT = 22, 40  # distinct names in a dedupe list ...
-MIN_REPEATS, MAX_REPEATS = 4, 8  # ... plus this many repeats of earlier names
+MIN_LEN, MAX_LEN = 22, 48  # items in a copy / reverse / sort list, by default; MAX_LEN is also the cap
 FULL_NAMES: tuple[str, ...] = tuple(f"{a} {b}" for a in NAMES for b in NAMES if a != b)
 _NAME_SET = frozenset(NAMES)
 _PIECE_RE = re.compile(r"[A-Za-z]+|\S")
@@ -75,26 +80,43 @@ def format_items(items: list[str]) -> str:
 
 
 class LongListsSuite(TaskSuite):
-    """Copy / reverse / sort / dedupe of 22-48 full names, ops drawn uniformly from ``ops`` (default: all four)."""
+    """Copy / reverse / sort / dedupe of ``min_items``-``max_items`` full names (default 22-48), ops drawn
+    uniformly from ``ops`` (default: all four)."""
 
     name = "longlists"
     # longest prompt: the dedupe words (9 tokens with ":") + 48 items (3 * 48 - 1)
     max_prompt_tokens = 9 + 3 * MAX_LEN - 1
     max_answer_tokens = 3 * MAX_LEN - 1
 
-    def __init__(self, ops=None) -> None:
+    def __init__(self, ops=None, min_items: int | None = None, max_items: int = MAX_LEN) -> None:
         self.ops = chosen_ops(ops, OPS)
+        if min_items is None:  # 22, or half of a shorter max_items
+            min_items = min(MIN_LEN, max(1, max_items // 2)) if isinstance(max_items, int) else MIN_LEN
+        for key, val in (("min_items", min_items), ("max_items", max_items)):
+            if not isinstance(val, int) or isinstance(val, bool) or not 1 <= val <= MAX_LEN:
+                raise ValueError(f"longlists {key} must be a whole number from 1 to {MAX_LEN}; got {val!r}")
+        if min_items > max_items:
+            raise ValueError(f"longlists min_items ({min_items}) is above max_items ({max_items})")
+        # dedupe: the repeats come on top of the distinct names, so the list stays within max_items
+        self.repeats = (max(1, -(-min_items // 6)), max(1, max_items // 6))
+        self.distinct = (min_items, max_items - self.repeats[1])
+        if "dedupe" in self.ops and self.distinct[1] < min_items:
+            raise ValueError(f"longlists dedupe lists need room for up to {self.repeats[1]} repeated names: max_items must be at "
+                             f"least {min_items + self.repeats[1]} with min_items {min_items}")
+        self.items = (min_items, max_items)
+        self.max_answer_tokens = 3 * max_items - 1
+        self.max_prompt_tokens = 9 + 3 * max_items - 1
 
     def _draw(self, rng: random.Random) -> Problem:
         op = rng.choice(self.ops)
         if op == "dedupe":
-            items = rng.sample(FULL_NAMES, rng.randint(MIN_DISTINCT, MAX_DISTINCT))
-            for _ in range(rng.randint(MIN_REPEATS, MAX_REPEATS)):
+            items = rng.sample(FULL_NAMES, rng.randint(*self.distinct))
+            for _ in range(rng.randint(*self.repeats)):
                 name = rng.choice(items)
                 first = items.index(name)
                 items.insert(rng.randint(first + 1, len(items)), name)  # after its first occurrence
         else:
-            items = rng.sample(FULL_NAMES, rng.randint(MIN_LEN, MAX_LEN))
+            items = rng.sample(FULL_NAMES, rng.randint(*self.items))
         result = apply_op(op, items)
         meta = {"op": op, "items": items, "answer": result}
         return Problem(f"{op}|{format_items(items)}", f"{PROMPTS[op]} {format_items(items)}",

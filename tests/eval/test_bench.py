@@ -115,6 +115,20 @@ def test_bench_cli_seed_selects_another_held_out_sample(ckpt, tmp_path, monkeypa
     assert drawn[0][1] != drawn[1][1] and all(i.startswith("arith-test-s3-") for i in drawn[1][1])
 
 
+def test_bench_cli_passes_suite_options(ckpt, tmp_path):
+    """``--suite lists:ops=copy`` benches that setting of the suite, and the JSON says which."""
+    from dllm.cli import _mount_subcommands, app
+
+    _mount_subcommands()
+    out = tmp_path / "copy.json"
+    res = CliRunner().invoke(app, ["bench", "--model", str(ckpt), "--suite", "lists:ops=copy", "--n", "3",
+                                   "--strategies", "vanilla", "--json", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    assert report["suite"] == "lists:ops=copy"
+    assert set(report["results"][0]["per_suite"]["lists"]["categories"]) == {"copy"}
+
+
 def test_suite_categories():
     from dllm.eval.bench import _natural
     from dllm.eval.tasks import get_suite
@@ -138,6 +152,8 @@ def test_bench_cli_user_errors(ckpt):
     assert r.exit_code == 2 and "unknown strategy 'warp'" in r.output
     r = CliRunner().invoke(app, ["bench", "--model", str(ckpt), "--suite", "poetry", "--n", "1", "--no-progress"])
     assert r.exit_code == 2 and "poetry" in r.output
+    r = CliRunner().invoke(app, ["bench", "--model", str(ckpt), "--suite", "sudoku9:blanks=99", "--n", "1", "--no-progress"])
+    assert r.exit_code == 2 and "blanks must be" in r.output
     r = CliRunner().invoke(app, ["bench", "--model", "/nonexistent", "--n", "1"])
     assert r.exit_code == 2 and "neither a bundled name" in r.output
     r = CliRunner().invoke(app, ["bench", "--model", str(ckpt), "--threads", "0", "--n", "1"])

@@ -31,6 +31,20 @@ def test_registry():
         resolve_suites(" , ")
 
 
+def test_resolve_suites_takes_options_after_a_colon():
+    s9, ll, ar = resolve_suites("sudoku9:blanks=40, longlists:min_items=8,max_items=16,ops=sort+dedupe, arith")
+    assert (s9.blanks, ll.items, ll.ops, ar.name) == (40, (8, 16), ("sort", "dedupe"), "arith")
+    assert [s.name for s in resolve_suites("long,longlists")] == ["sudoku9", "longlists", "chain"]
+    assert resolve_suites("sudoku9:blanks=40,sudoku9:blanks=40")[0].blanks == 40
+    for spec, match in [("arith,blanks=3", "options follow their suite"), ("blanks=3", "options follow their suite"),
+                        ("sudoku9:", "sudoku9:key=value"), ("sudoku9:blanks=99", "blanks"),
+                        ("arith:width=3", "does not take options"),
+                        ("longlists,longlists:max_items=12", "twice .* different options"),
+                        ("long:max_items=3", "group of suites takes no options")]:
+        with pytest.raises(ValueError, match=match):
+            resolve_suites(spec)
+
+
 def test_get_suite_passes_options_and_names_a_bad_one():
     ops = {e.meta["op"] for e in get_suite("lists", ops=["copy", "sort"]).examples("train", 50)}
     assert ops == {"copy", "sort"}

@@ -1,4 +1,5 @@
 """The long-answer suites (sudoku9, longlists, chain): registry, generators, verifiers, splits, lengths."""
+import hashlib
 import json
 import os
 
@@ -123,6 +124,37 @@ def test_longlists_generators(pools):
             assert 22 <= len(m["items"]) <= 48 and len(set(m["items"])) == len(m["items"])
     assert {e.meta["op"] for e in pools["longlists"][1]} == {"copy", "reverse", "sort", "dedupe"}
     assert {e.meta["op"] for e in LongListsSuite(ops=["sort"]).examples("train", 20)} == {"sort"}
+
+
+def test_longlists_default_problems_are_pinned():
+    """The length knob must not move the held-out set every published longlists number is on."""
+    ex = get_suite("longlists").examples("test", 600)
+    digest = hashlib.sha256("\n".join(e.prompt + "|" + e.answer for e in ex).encode()).hexdigest()
+    assert digest[:16] == "6ee3c0037ba9b8c8"
+
+
+@pytest.mark.parametrize("lo,hi", [(4, 12), (1, 8), (20, 30), (48, 48)])
+def test_longlists_length_knob(lo, hi):
+    ops = ["copy", "sort"] if lo == hi else None  # a dedupe list needs room for its repeats
+    suite = LongListsSuite(ops=ops, min_items=lo, max_items=hi)
+    assert suite.max_answer_tokens == 3 * hi - 1 and suite.max_prompt_tokens == 9 + 3 * hi - 1
+    for e in suite.examples("train", 200):
+        m = e.meta
+        assert m["answer"] == apply_op(m["op"], m["items"]) and lo <= len(m["answer"]) <= hi
+        assert len(m["items"]) <= hi
+        if m["op"] == "dedupe":
+            assert len(m["items"]) > len(m["answer"])
+        assert count_tokens(e.answer) <= suite.max_answer_tokens
+
+
+def test_longlists_length_knob_defaults_and_errors():
+    assert LongListsSuite().items == (22, 48)
+    assert LongListsSuite(max_items=12).items == (6, 12) and LongListsSuite(max_items=46).items == (22, 46)
+    for bad, match in [({"min_items": 0}, "from 1 to 48"), ({"max_items": 49}, "from 1 to 48"),
+                       ({"min_items": True}, "whole number"), ({"min_items": 10, "max_items": 5}, "above max_items"),
+                       ({"min_items": 10, "max_items": 10}, "room for up to 1 repeated")]:
+        with pytest.raises(ValueError, match=match):
+            LongListsSuite(**bad)
 
 
 def test_longlists_scores_partial_credit():
