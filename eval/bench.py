@@ -28,6 +28,7 @@ from dllm.decoding.registry import get_strategy
 
 from .metrics import aup as aup_metric
 from .metrics import latency_percentiles
+from .specs import SpecError, parse_named_specs
 from .tasks import Example, resolve_suites
 
 SCHEMA_VERSION = 1
@@ -59,33 +60,15 @@ class Method:
 
 
 def parse_methods(spec: str) -> list[Method]:
-    """``"vanilla,threshold:cache=dual,threshold=0.9,d2f"`` -> three methods.
-
-    Methods are separated by commas (or ``;``); ``name:key=value`` starts a method with parameters
-    and every following ``key=value`` item belongs to it until the next bare name.
-    """
-    items = [s.strip() for s in spec.replace(";", ",").split(",") if s.strip()]
-    methods: list[tuple[str, dict]] = []
-    for item in items:
-        if ":" in item:
-            name, kv = item.split(":", 1)
-            methods.append((name.strip(), {}))
-            item = kv
-            if not item:
-                continue
-        if "=" in item:
-            if not methods:
-                raise BenchSpecError(f"parameter {item!r} comes before any strategy name in {spec!r}")
-            key, val = item.split("=", 1)
-            if ":" in val or "=" in val:  # "name:a=1:b=2" would silently make a="1:b=2"
-                raise BenchSpecError(f"{item!r} in {spec!r}: separate a method's parameters with commas, "
-                                     "as in lopa:lopa_branches=2,skip_threshold=0.9")
-            methods[-1][1][key.strip()] = parse_option_value(val.strip())
-        else:
-            methods.append((item, {}))
-    if not methods:
+    """``"vanilla,threshold:cache=dual,threshold=0.9,d2f"`` -> three methods (the syntax of
+    :mod:`dllm.eval.specs`), values parsed as on a command line."""
+    try:
+        entries = parse_named_specs(spec, "lopa:lopa_branches=2,skip_threshold=0.9")
+    except SpecError as err:
+        raise BenchSpecError(str(err)) from None
+    if not entries:
         raise BenchSpecError("no strategies given")
-    return [Method(n, p) for n, p in methods]
+    return [Method(n, {k: parse_option_value(v) for k, v in p.items()}) for n, p in entries]
 
 
 def apply_sweep(methods: list[Method], sweep: str | None) -> list[Method]:

@@ -7,6 +7,7 @@ True
 """
 from __future__ import annotations
 
+from ..specs import parse_named_specs
 from .arith import ArithSuite
 from .base import Example, Score, TaskSuite, count_tokens, split_of_key
 from .builtin import _REGISTRY, SUITE_GROUPS, get_suite, suite_names
@@ -28,36 +29,20 @@ def resolve_suites(spec: str) -> list[TaskSuite]:
     A built-in suite takes its constructor's options as ``name:key=value``, every following
     ``key=value`` item belonging to it (``sudoku9:blanks=40,longlists:min_items=8,max_items=16``); a
     list is written with ``+`` (``longlists:ops=sort+dedupe``). A suite appears once per spec."""
-    entries: list[tuple[str, dict]] = []
-    taking_options = False  # True after "name:", until the next bare name
-    for item in (s.strip() for s in spec.split(",")):
-        if not item:
-            continue
-        name, sep, rest = item.partition(":")
-        if sep and name.strip() in _REGISTRY:
-            entries.append((name.strip(), {}))
-            taking_options, item = True, rest.strip()
-            if not item:
-                raise ValueError(f"{name.strip()!r} in {spec!r}: write a suite's options as {name.strip()}:key=value")
-        elif sep and name.strip() in SUITE_GROUPS:
-            raise ValueError(f"{item!r} in {spec!r}: a group of suites takes no options; give them to one suite, "
-                             f"as in sudoku9:blanks=40")
-        elif "=" not in item:
-            entries.append((item, {}))
-            taking_options = False
-            continue
-        key, eq, value = item.partition("=")
-        if not (taking_options and eq and key.strip()):
-            raise ValueError(f"{item!r} in {spec!r}: options follow their suite, as in "
-                             "sudoku9:blanks=40 or longlists:min_items=8,max_items=16")
-        entries[-1][1][key.strip()] = _option_value(value.strip())
+    entries = parse_named_specs(spec, "sudoku9:blanks=40 or longlists:min_items=8,max_items=16")
     if not entries:
         raise ValueError(f"empty suite spec {spec!r}; use 'all', 'long', 'every' or a comma list of: "
                          f"{', '.join(_REGISTRY)} (or JSON Lines files, my.jsonl)")
     names: list[str] = []
     options: dict[str, dict] = {}
-    for name, opts in entries:
-        for n in SUITE_GROUPS.get(name, [name]) if not opts else [name]:
+    for name, raw in entries:
+        if raw and name in SUITE_GROUPS:
+            raise ValueError(f"{name!r} in {spec!r}: a group of suites takes no options; give them to one suite, "
+                             "as in sudoku9:blanks=40")
+        if raw and is_data_file(name):
+            raise ValueError(f"{name!r} in {spec!r}: a file of examples takes no options")
+        opts = {k: _option_value(v) for k, v in raw.items()}
+        for n in SUITE_GROUPS.get(name, [name]):
             if n in options and options[n] != opts:
                 raise ValueError(f"suite {n!r} appears twice in {spec!r} with different options; "
                                  "bench one setting per run")

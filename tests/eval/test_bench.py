@@ -15,12 +15,12 @@ def test_parse_methods_with_parameters():
     assert ms == [Method("vanilla", {}), Method("threshold", {"cache": "dual", "threshold": 0.9}), Method("d2f", {})]
     assert ms[1].label == "threshold:cache=dual,threshold=0.9"
     assert parse_methods("a;b:x=1;c") == [Method("a", {}), Method("b", {"x": 1}), Method("c", {})]
-    with pytest.raises(BenchSpecError, match="before any strategy"):
+    with pytest.raises(BenchSpecError, match="before any name"):
         parse_methods("threshold=0.9,vanilla")
     with pytest.raises(BenchSpecError):
         parse_methods(" , ")
     # a second parameter chained with ':' used to become part of the first one's value
-    with pytest.raises(BenchSpecError, match="separate a method's parameters with commas"):
+    with pytest.raises(BenchSpecError, match="separate parameters with commas"):
         parse_methods("d2f,lopa:lopa_branches=2:skip_threshold=0.9")
     assert parse_methods("lopa:lopa_branches=2,skip_threshold=0.9") == [
         Method("lopa", {"lopa_branches": 2, "skip_threshold": 0.9})]

@@ -36,8 +36,9 @@ def test_resolve_suites_takes_options_after_a_colon():
     assert (s9.blanks, ll.items, ll.ops, ar.name) == (40, (8, 16), ("sort", "dedupe"), "arith")
     assert [s.name for s in resolve_suites("long,longlists")] == ["sudoku9", "longlists", "chain"]
     assert resolve_suites("sudoku9:blanks=40,sudoku9:blanks=40")[0].blanks == 40
-    for spec, match in [("arith,blanks=3", "options follow their suite"), ("blanks=3", "options follow their suite"),
-                        ("sudoku9:", "sudoku9:key=value"), ("sudoku9:blanks=99", "blanks"),
+    assert resolve_suites("sudoku9:")[0].blanks == 30  # a colon with nothing after it: no options
+    for spec, match in [("arith,width=3", "does not take options"), ("blanks=3", "before any name"),
+                        ("sudoku9:blanks=4:x=1", "separate parameters with commas"), ("sudoku9:blanks=99", "blanks"),
                         ("arith:width=3", "does not take options"),
                         ("longlists,longlists:max_items=12", "twice .* different options"),
                         ("long:max_items=3", "group of suites takes no options")]:
