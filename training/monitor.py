@@ -51,9 +51,10 @@ def completion_text(tokenizer, answer_ids: list[int]) -> str:
     return tokenizer.decode(answer_ids, skip_special_tokens=True)
 
 
-def evaluate(model, tokenizer, suites: list[str], n: int, gen_length: int, block_size: int | None = None,
+def evaluate(model, tokenizer, suites: list, n: int, gen_length: int, block_size: int | None = None,
              batch_size: int = 64, seed: int = 0, return_details: bool = False, should_stop=None):
     """Accuracy per suite (``correct`` of the suite's scorer) on the first ``n`` test examples.
+    ``suites``: names, or suites built with their options (``resolve_suites("longlists:max_items=12")``).
 
     ``should_stop`` (a callable, checked before each batch): when it answers True the evaluation ends
     there and only the suites scored in full are returned (a run asked to stop does not wait for it)."""
@@ -63,8 +64,9 @@ def evaluate(model, tokenizer, suites: list[str], n: int, gen_length: int, block
     model.eval()
     scores, details = {}, {}
     try:
-        for name in suites:
-            suite = get_suite(name)
+        for suite in suites:
+            suite = get_suite(suite) if isinstance(suite, str) else suite
+            name = suite.name
             exs = suite.examples("test", n, seed=seed)
             correct, rows = 0, []
             for i in range(0, len(exs), batch_size):
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m dllm.training.monitor MODEL_DIR [--n 100] [--gen-length 64] [--block-size 8]``"""
     import argparse
 
+    from dllm.eval.tasks import resolve_suites
     from dllm.loading import load_model, resolve_model_path
     from dllm.tokenization import load_tokenizer
 
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--gen-length", type=int, default=64)
     ap.add_argument("--block-size", type=int, default=None, help="semi-AR blocks (default: the model's, if block-causal)")
-    ap.add_argument("--suites", default="arith,lists,gsm,sudoku,countdown")
+    ap.add_argument("--suites", default="all", help="as dllm bench --suite: names, groups, options after a colon")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--show", type=int, default=0, help="print this many failures per suite")
     args = ap.parse_args(argv)
@@ -105,7 +108,11 @@ def main(argv: list[str] | None = None) -> None:
     model = load_model(args.model)
     tok = load_tokenizer(resolve_model_path(args.model))
     block = args.block_size or (model.spec.block_size if model.is_block_causal else None)
-    scores, details = evaluate(model, tok, args.suites.split(","), args.n, args.gen_length, block, return_details=True)
+    try:
+        suites = resolve_suites(args.suites)
+    except ValueError as err:
+        ap.error(str(err))
+    scores, details = evaluate(model, tok, suites, args.n, args.gen_length, block, return_details=True)
     for name, acc in scores.items():
         print(f"{name:10s} {acc * 100:6.1f}%  (n={args.n}, gen_length={args.gen_length}, block={block})")
         for prompt, answer, got, _ in [r for r in details[name] if not r[3]][: args.show]:
