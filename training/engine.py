@@ -168,7 +168,12 @@ def make_accelerator(mixed_precision: str):
         # process of rank 0 on every rank, while DeepSpeed counts them all (train_batch_size 16 != 16 * 1 * 2);
         # naming DeepSpeed's CPU backend makes accelerate read the real world size and rank
         handlers.append(InitProcessGroupKwargs(backend="gloo"))
-    return Accelerator(mixed_precision=mixed_precision, kwargs_handlers=handlers)
+    accelerator = Accelerator(mixed_precision=mixed_precision, kwargs_handlers=handlers)
+    if accelerator.device.type == "cpu":
+        # accelerate imports DeepSpeed, where installed, when it unwraps a model, and DeepSpeed then
+        # warns on every CPU run that it found no GPU; naming its CPU backend (what it would pick) says so
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    return accelerator
 
 
 def _deepspeed_without_gpu() -> bool:

@@ -195,3 +195,27 @@ def test_smoke_recipe_runs_from_any_directory(tmp_path, monkeypatch):
     cfg = load_config(SFTConfig, REPO / "recipes" / "smoke-sft.yaml", ["max_steps=1", "num_threads=1",
                                                                        f"run_dir={tmp_path / 'run'}"])
     assert SFTTrainer(cfg).run().step == 1
+
+
+_CPU_ACCELERATOR = """
+import torch
+from dllm.training.engine import make_accelerator
+acc = make_accelerator("no")
+acc.unwrap_model(acc.prepare(torch.nn.Linear(2, 2)))  # where accelerate imports DeepSpeed
+print(acc.device.type)
+"""
+
+
+def test_a_cpu_run_prints_no_deepspeed_accelerator_warning():
+    """With DeepSpeed installed, accelerate imports it on a CPU run, which then warned that it found no GPU."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("deepspeed")
+    env = {k: v for k, v in os.environ.items() if k not in ("DS_ACCELERATOR", "CUDA_VISIBLE_DEVICES")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    out = subprocess.run([sys.executable, "-c", _CPU_ACCELERATOR], capture_output=True, text=True, env=env,
+                         cwd=str(REPO), check=True, timeout=120)
+    assert out.stdout.strip().endswith("cpu")
+    assert "Setting accelerator to CPU" not in out.stderr + out.stdout, out.stderr
