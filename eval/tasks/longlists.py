@@ -11,11 +11,12 @@ every answer is at least 64 tokens long.
     of earlier names (26-48 items); the answer keeps each name's first occurrence, in order.
 
 Difficulty knob: ``min_items`` / ``max_items`` (default 22 / 48, at most 48; ``min_items`` defaults
-to half of a ``max_items`` below 44), the length of a copy, reverse or sort list. A dedupe list has ``min_items`` to ``max_items - max_items // 6`` distinct names
-plus ``ceil(min_items / 6)`` to ``max_items // 6`` repeats (at least one). Shorter lists are not long
-answers; they are for curricula (``data.suite_options: {longlists: {max_items: 12}}`` in a recipe) and
-for measuring how accuracy falls with length (``dllm bench --suite longlists:max_items=12``). The
-defaults draw exactly the problems the suite always drew.
+to half of a ``max_items`` below 44), the length of a copy, reverse or sort list. A dedupe list has
+``min_items`` to ``max_items - max_items // 6`` distinct names plus ``ceil(min_items / 6)`` to
+``max_items // 6`` repeats (at least one). Shorter lists are not long answers; they are for curricula
+(``data.suite_options: {longlists: {max_items: 12}}`` in a recipe) and for measuring how accuracy
+falls with length (``dllm bench --suite longlists:max_items=12``). The defaults draw exactly the
+problems the suite always drew.
 
 Prompts use only words that the short suites already use, so the suites' tokenizer covers them.
 
@@ -101,8 +102,8 @@ class LongListsSuite(TaskSuite):
         self.repeats = (max(1, -(-min_items // 6)), max(1, max_items // 6))
         self.distinct = (min_items, max_items - self.repeats[1])
         if "dedupe" in self.ops and self.distinct[1] < min_items:
-            raise ValueError(f"longlists dedupe lists need room for up to {self.repeats[1]} repeated names: max_items must be at "
-                             f"least {min_items + self.repeats[1]} with min_items {min_items}")
+            raise ValueError(f"longlists dedupe lists need room for up to {self.repeats[1]} repeated names: "
+                             f"max_items must be at least {min_items + self.repeats[1]} with min_items {min_items}")
         self.items = (min_items, max_items)
         self.max_answer_tokens = 3 * max_items - 1
         self.max_prompt_tokens = 9 + 3 * max_items - 1
