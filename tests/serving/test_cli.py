@@ -73,7 +73,7 @@ def test_serve_process_with_branch_parallel_workers(ckpt):
                              "--log-level", "warning"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # a server and two branch workers start: minutes on a loaded 2-core host
         while True:
             assert proc.poll() is None, proc.stdout.read().decode()
             try:
