@@ -120,14 +120,15 @@ def test_two_processes_bidirectional_dual_cache(ckpt):
 @pytest.mark.slow
 def test_an_idle_executor_outlives_the_process_group_timeout(ckpt):
     """The ranks wait for the next round inside a collective, which fails after the group's timeout: idle for
-    longer than it (16 s against 12 s), the executor still decodes, because its heartbeat pinged them. With
+    longer than it (30 s against 24 s), the executor still decodes, because its heartbeat pinged them. With
     ``heartbeat_s=1000`` the same wait ends the worker (gloo: "Connection closed by peer"), as the default
     30-minute timeout would end an idle ``dllm serve --branch-parallel`` server's workers without it."""
     import time
 
     _, ids, mask = _prompts()
     cfg = _cfg(lopa_branches=2)
-    with BranchParallelExecutor(ckpt, world_size=2, num_threads=1, timeout_s=12, heartbeat_s=2) as ex:
+    # the timeout also bounds the workers' start (spawn, import, load): 24 s leaves room on a loaded 2-core host
+    with BranchParallelExecutor(ckpt, world_size=2, num_threads=1, timeout_s=24, heartbeat_s=2) as ex:
         first = ex.generate(ids, attention_mask=mask, generation_config=cfg)
-        time.sleep(16)
+        time.sleep(30)
         _same(ex.generate(ids, attention_mask=mask, generation_config=cfg), first)
