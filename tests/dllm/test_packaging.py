@@ -4,6 +4,7 @@ and importing from another directory then runs without the source tree."""
 
 import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,15 +36,25 @@ def wheel(tmp_path_factory) -> Path:
         shutil.copy2(REPO / name, src / name)
     for pkg in ("dllm", "decoding", "training", "serving", "eval"):
         shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation",
          "-w", str(out), str(src)],
         check=True, capture_output=True, text=True, timeout=240,
     )
+    (out / "build.log").write_text(build.stdout + build.stderr)
     import dllm
 
     [whl] = list(out.glob(f"dllm-{dllm.__version__}-*.whl"))  # the version has one source
     return whl
+
+
+def test_the_wheel_builds_without_a_package_left_out_of_the_configuration(wheel):
+    # setuptools names every importable folder that pyproject's `packages` misses (a new subpackage, or
+    # a bundled model whose name is an identifier); such a folder's modules would silently not ship
+    log = (wheel.parent / "build.log").read_text()
+    assert "Building wheel for dllm" in log  # -v shows the backend's output, where the warning goes
+    missing = sorted(set(re.findall(r"Package '([\w.]+)' is absent from the `packages` configuration", log)))
+    assert not missing, f"add {missing} to [tool.setuptools] packages in pyproject.toml"
 
 
 def test_wheel_holds_packages_bundled_models_and_licence(wheel):
