@@ -130,6 +130,11 @@ def run_bench(
     for s in suite_objs:
         examples.extend(s.examples("test", n, seed=seed))
     by_name = {s.name: s for s in suite_objs}
+    # each problem's group of reference-answer length, in the model's tokens (the per-suite "lengths")
+    answer_tokens = [len(tokenizer(ex.answer, add_special_tokens=False)["input_ids"]) for ex in examples]
+    bounds = {s.name: length_bounds([t for ex, t in zip(examples, answer_tokens) if ex.suite == s.name])
+              for s in suite_objs}
+    length_group = {(ex.suite, ex.id): length_label(t, bounds[ex.suite]) for ex, t in zip(examples, answer_tokens)}
     base = model.diffusion_generation_config.replace(**(base_overrides or {}))
     configs = []
     for m in methods:
@@ -178,6 +183,12 @@ def run_bench(
                 pc = ps.setdefault("categories", {}).setdefault(cat, {"correct": 0, "total": 0})
                 pc["correct"] += int(score.correct)
                 pc["total"] += 1
+            pl = ps.setdefault("lengths", {}).setdefault(length_group[(ex.suite, ex.id)],
+                                                         {"correct": 0, "total": 0, "tokens": 0, "forwards": 0})
+            pl["correct"] += int(score.correct)
+            pl["total"] += 1
+            pl["tokens"] += res.generated_tokens
+            pl["forwards"] += res.num_forwards
 
     def report() -> dict:
         return summarise(stats, model_name=getattr(model.config, "_name_or_path", "?"), suites=suites, n=n,
@@ -242,7 +253,11 @@ def summarise(stats: list[MethodStats], *, model_name: str, suites: str, n: int,
                               **({"categories": {c: {"accuracy": 100.0 * x["correct"] / x["total"], "n": x["total"]}
                                                  for c, x in sorted(v["categories"].items(),
                                                                     key=lambda kv: _natural(kv[0]))}}
-                                 if v.get("categories") else {})}
+                                 if v.get("categories") else {}),
+                              # reference-answer tokens: accuracy and TPF per length group of the suite
+                              "lengths": {g: {"accuracy": 100.0 * x["correct"] / x["total"], "n": x["total"],
+                                              "tpf": x["tokens"] / max(1, x["forwards"])}
+                                          for g, x in sorted(v["lengths"].items(), key=lambda kv: _natural(kv[0]))}}
                           for k, v in st.per_suite.items()},
         })
     base = rows[0]
@@ -265,6 +280,33 @@ def summarise(stats: list[MethodStats], *, model_name: str, suites: str, n: int,
 def _natural(text: str) -> tuple:
     """Sort key that orders "6 blanks" before "10 blanks" and "+2" before "+3" before "-1"."""
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
+
+
+LENGTH_GROUPS = 4  # answer-length groups per suite in the report (quartiles of the reference answers)
+
+
+def length_bounds(lengths: list[int], groups: int = LENGTH_GROUPS) -> list[tuple[int, int]]:
+    """Inclusive token-count ranges that split ``lengths`` into up to ``groups`` groups of near-equal size.
+
+    The upper bound of group i is the length at rank ceil(i * n / groups), so the ranges depend only on the
+    problems (never on a method's answers) and every length falls in exactly one; equal lengths never
+    straddle two groups, so a suite of one length gives one group."""
+    ordered = sorted(lengths)
+    if not ordered:
+        return []
+    bounds: list[tuple[int, int]] = []
+    lo = ordered[0]
+    for i in range(1, groups + 1):
+        hi = ordered[-(-i * len(ordered) // groups) - 1]
+        if hi >= lo:
+            bounds.append((lo, hi))
+            lo = hi + 1
+    return bounds
+
+
+def length_label(length: int, bounds: list[tuple[int, int]]) -> str:
+    lo, hi = next(b for b in bounds if b[0] <= length <= b[1])
+    return f"{lo}-{hi}" if lo != hi else str(lo)
 
 
 def method_aup(base: dict, row: dict, y_max: float) -> float:
@@ -313,6 +355,22 @@ def format_categories(report: dict) -> str:
                 c = r["per_suite"].get(suite, {}).get("categories", {}).get(cat)
                 cells.append(f"{c['accuracy']:.1f}% ({c['n']})" if c else "-")
             lines.append(f"{suite:<10} {cat:<16}" + "".join(f" {x:>22}" for x in cells))
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def format_lengths(report: dict) -> str:
+    """Accuracy and TPF per reference-answer length group (tokens), one column per method: ``acc% / tpf (n)``."""
+    rows = report["results"]
+    labels = [r["label"][:24] for r in rows]
+    head = f"{'suite':<10} {'answer tokens':<14}" + "".join(f" {lab:>24}" for lab in labels)
+    lines = [head, "-" * len(head)]
+    for suite, ps in rows[0]["per_suite"].items():
+        for group in ps.get("lengths", {}):
+            cells = []
+            for r in rows:
+                c = r["per_suite"].get(suite, {}).get("lengths", {}).get(group)
+                cells.append(f"{c['accuracy']:.1f}% / {c['tpf']:.2f} ({c['n']})" if c else "-")
+            lines.append(f"{suite:<10} {group:<14}" + "".join(f" {x:>24}" for x in cells))
     return "\n".join(lines) if len(lines) > 2 else ""
 
 

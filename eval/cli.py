@@ -34,6 +34,9 @@ def bench(
     by_category: bool = typer.Option(False, "--by-category",
                                      help="Also print accuracy per problem category (list op, arith operator and "
                                           "width, gsm and chain steps, sudoku blanks, sudoku9 rounds); always in --json."),
+    by_length: bool = typer.Option(False, "--by-length",
+                                   help="Also print accuracy and TPF per quarter of each suite's problems by the "
+                                        "length of their reference answer (tokens); always in --json."),
 ) -> None:
     """Run decoding strategies side by side on the same prompts and print accuracy, TPF, NFE, speed and AUP."""
     import torch
@@ -46,6 +49,7 @@ def bench(
         BenchSpecError,
         apply_sweep,
         format_categories,
+        format_lengths,
         format_table,
         pareto_plot,
         parse_methods,
@@ -93,6 +97,9 @@ def bench(
     if by_category and format_categories(report):
         typer.echo("")
         typer.echo(format_categories(report))
+    if by_length and format_lengths(report):
+        typer.echo("")
+        typer.echo(format_lengths(report))
     if json_out:
         json_out.write_text(json.dumps(report, indent=2) + "\n")
         typer.echo(f"wrote {json_out}")

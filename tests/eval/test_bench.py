@@ -5,7 +5,15 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from dllm.eval.bench import BenchSpecError, Method, apply_sweep, method_aup, parse_methods
+from dllm.eval.bench import (
+    BenchSpecError,
+    Method,
+    apply_sweep,
+    length_bounds,
+    length_label,
+    method_aup,
+    parse_methods,
+)
 from dllm.generation import DiffusionGenerationConfig
 from dllm.testing import save_tiny_checkpoint
 
@@ -40,6 +48,21 @@ def test_method_aup_uses_baseline_and_shared_ymax():
     assert method_aup(base, base, 74.98) == pytest.approx(74.02)
     slow_bad = {"tpf": 4.0, "accuracy": 60.0}  # > 5 points below the baseline: dropped
     assert method_aup(base, slow_bad, 74.98) == pytest.approx(74.02)
+
+
+def test_length_groups_are_quarters_of_the_problems_and_never_split_a_length():
+    assert length_bounds(list(range(1, 9))) == [(1, 2), (3, 4), (5, 6), (7, 8)]
+    assert length_bounds([5, 9, 7, 3, 1]) == [(1, 3), (4, 5), (6, 7), (8, 9)]  # 2, 1, 1, 1 problems
+    assert length_bounds([4] * 10) == [(4, 4)]
+    # ties at a quartile stay in one group: the 5s are the first three quarters' bounds
+    assert length_bounds([5, 5, 5, 5, 5, 5, 6, 9]) == [(5, 5), (6, 9)]
+    assert length_bounds([]) == []
+    for lengths in ([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [10] * 3 + [20] * 9, list(range(60, 140, 3))):
+        bounds = length_bounds(lengths)
+        assert len(bounds) <= 4
+        assert [lo for lo, _ in bounds[1:]] == [hi + 1 for _, hi in bounds[:-1]]  # contiguous, disjoint
+        assert all(sum(lo <= x <= hi for lo, hi in bounds) == 1 for x in lengths)
+    assert [length_label(x, [(1, 2), (3, 3)]) for x in (1, 2, 3)] == ["1-2", "1-2", "3"]
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +111,21 @@ def test_bench_cli_end_to_end(ckpt, tmp_path):
     res = CliRunner().invoke(app, ["bench", "--model", str(ckpt), "--suite", "lists", "--n", "2", "--strategies",
                                    "vanilla", "--by-category", "--no-progress"])
     assert res.exit_code == 0 and "category" in res.output and "lists" in res.output.split("category")[1]
+    assert "answer tokens" not in res.output
+    # accuracy and TPF per reference-answer length group add up to the suite's, for every method
+    for r in report["results"]:
+        for ps in r["per_suite"].values():
+            groups = ps["lengths"]
+            assert sum(g["n"] for g in groups.values()) == ps["n"]
+            assert sum(g["accuracy"] * g["n"] / 100 for g in groups.values()) == pytest.approx(ps["accuracy"] * ps["n"] / 100)
+            assert all(g["tpf"] > 0 for g in groups.values())
+    assert {s: list(ps["lengths"]) for s, ps in report["results"][0]["per_suite"].items()} == {
+        s: list(ps["lengths"]) for s, ps in report["results"][2]["per_suite"].items()}  # groups come from the problems
+    res = CliRunner().invoke(app, ["bench", "--model", str(ckpt), "--suite", "lists", "--n", "4", "--strategies",
+                                   "vanilla,threshold", "--by-length", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    table = res.output.split("answer tokens")[1].splitlines()[2:]
+    assert table and all(line.startswith("lists") and line.count("%") == 2 for line in table if line.strip())
 
 
 def test_bench_cli_seed_selects_another_held_out_sample(ckpt, tmp_path, monkeypatch):
