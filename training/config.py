@@ -347,8 +347,14 @@ def load_config(cls, path: str | Path | None = None, overrides: list[str] | tupl
         if not isinstance(data, dict):
             raise ConfigError(f"recipe {path} must be a mapping of config keys")
         apply_mapping(cfg, data)
+    given: dict[str, str] = {}
     for item in overrides:
         key, value = parse_override(item)
+        # one key with two values is a mistake (an edited command line that kept the old value); which one
+        # was meant is not ours to guess, so neither is taken. The same value twice is harmless.
+        if key in given and given[key].strip() != value.strip():
+            raise ConfigError(f"{key} is given twice, as {key}={given[key]} and {key}={value}; give it once")
+        given[key] = value
         _set(cfg, key.split("."), value, cls, key)
     validate(cfg)
     return cfg

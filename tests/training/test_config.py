@@ -24,6 +24,17 @@ def test_yaml_and_overrides_are_typed(tmp_path):
     assert cfg.model.block_size is None and cfg.mask_eps == 0.01
 
 
+def test_a_key_given_twice_with_two_values_is_refused():
+    with pytest.raises(ConfigError, match=r"max_steps is given twice, as max_steps=2000 and max_steps=1011; give it once"):
+        load_config(SFTConfig, None, ["max_steps=2000", "optim.lr=1e-3", "max_steps=1011"])
+    with pytest.raises(ConfigError, match="optim.lr is given twice"):
+        load_config(SFTConfig, None, ["optim.lr=1e-3", "--optim.lr=2e-3"])
+    # the same value twice (a typed resume=true beside --resume), or a dict and then one of its keys, is fine
+    cfg = load_config(SFTConfig, None, ["model.path=tiny", "resume=true", "resume=true", "data.tasks={arith: 1}",
+                                        "data.tasks.gsm=2"])
+    assert cfg.resume is True and cfg.data.tasks == {"arith": 1, "gsm": 2}
+
+
 def test_null_unsets_an_optional_string(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("model:\n  path: runs/x/final\n  tokenizer: tok\n")
