@@ -342,36 +342,27 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def format_categories(report: dict) -> str:
-    """Accuracy per problem category (``TaskSuite.category``), one column per method: ``acc% (n)``."""
+def _format_groups(report: dict, key: str, title: str, cell, width: int) -> str:
+    """One row per group of ``per_suite[suite][key]``, one column per method (``cell`` of its entry)."""
     rows = report["results"]
-    labels = [r["label"][:22] for r in rows]
-    head = f"{'suite':<10} {'category':<16}" + "".join(f" {lab:>22}" for lab in labels)
+    head = f"{'suite':<10} {title:<16}" + "".join(f" {r['label'][:width]:>{width}}" for r in rows)
     lines = [head, "-" * len(head)]
     for suite, ps in rows[0]["per_suite"].items():
-        for cat in ps.get("categories", {}):
-            cells = []
-            for r in rows:
-                c = r["per_suite"].get(suite, {}).get("categories", {}).get(cat)
-                cells.append(f"{c['accuracy']:.1f}% ({c['n']})" if c else "-")
-            lines.append(f"{suite:<10} {cat:<16}" + "".join(f" {x:>22}" for x in cells))
+        for group in ps.get(key, {}):
+            cells = [cell(c) if (c := r["per_suite"].get(suite, {}).get(key, {}).get(group)) else "-" for r in rows]
+            lines.append(f"{suite:<10} {group:<16}" + "".join(f" {x:>{width}}" for x in cells))
     return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def format_categories(report: dict) -> str:
+    """Accuracy per problem category (``TaskSuite.category``), one column per method: ``acc% (n)``."""
+    return _format_groups(report, "categories", "category", lambda c: f"{c['accuracy']:.1f}% ({c['n']})", 22)
 
 
 def format_lengths(report: dict) -> str:
     """Accuracy and TPF per reference-answer length group (tokens), one column per method: ``acc% / tpf (n)``."""
-    rows = report["results"]
-    labels = [r["label"][:24] for r in rows]
-    head = f"{'suite':<10} {'answer tokens':<14}" + "".join(f" {lab:>24}" for lab in labels)
-    lines = [head, "-" * len(head)]
-    for suite, ps in rows[0]["per_suite"].items():
-        for group in ps.get("lengths", {}):
-            cells = []
-            for r in rows:
-                c = r["per_suite"].get(suite, {}).get("lengths", {}).get(group)
-                cells.append(f"{c['accuracy']:.1f}% / {c['tpf']:.2f} ({c['n']})" if c else "-")
-            lines.append(f"{suite:<10} {group:<14}" + "".join(f" {x:>24}" for x in cells))
-    return "\n".join(lines) if len(lines) > 2 else ""
+    return _format_groups(report, "lengths", "answer tokens",
+                          lambda c: f"{c['accuracy']:.1f}% / {c['tpf']:.2f} ({c['n']})", 24)
 
 
 LABELS_ON_POINTS_MAX = 8  # above this many methods the plot names them in a legend beside the axes
