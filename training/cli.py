@@ -1,5 +1,6 @@
 """``dllm train sft|distill|grpo --config RECIPE [key=value ...] [--resume]``, ``dllm train grpo-report`` and
-``dllm train export-checkpoint|import-checkpoint`` (a resume point as safetensors + JSON), mounted by
+``dllm train export-checkpoint|import-checkpoint`` (a resume point as safetensors + JSON), ``dllm train
+export-model`` (a checkpoint's model folder), mounted by
 ``dllm.cli``; also ``python -m dllm.training.cli``.
 
 Exit codes of a training command: 0 finished; 1 training diverged (a NaN/inf loss or gradient); 2 a config,
@@ -356,6 +357,25 @@ def import_checkpoint_cmd(point: Path = _POINT, run_dir: Path = _INTO) -> None:
         fail(str(err))
     typer.echo(f"wrote {written}; continue with: dllm train KIND --config RECIPE run_dir={run_dir} --resume",
                err=True)
+
+
+_MODEL_OUT = typer.Argument(..., help="the model folder to write (replaced as a whole once complete)")
+
+
+@train_app.command("export-model")
+def export_model_cmd(run: Path = _FROM_RUN, out: Path = _MODEL_OUT, step: int = _STEP) -> None:
+    """Write a checkpoint's model as the run would export it (weights, tokenizer, generation defaults), to
+    score or keep it while the run goes on; the run's folder is not touched."""
+    from dllm.errors import CheckpointError
+
+    from .config import ConfigError
+    from .model_export import export_checkpoint_model
+
+    try:
+        written = export_checkpoint_model(run, out, step)
+    except (CheckpointError, ConfigError) as err:
+        fail(str(err))
+    typer.echo(f"wrote {written}; score it with: dllm bench --model {written} ...", err=True)
 
 
 def main() -> None:
