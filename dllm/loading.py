@@ -65,11 +65,25 @@ def _from_hub_cache(name: str) -> Path | None:
         return None
 
 
+def _not_a_model_folder(path: Path) -> str:
+    """Why ``path`` (no config.json) is no model folder, and what to load instead when it is a training run's
+    folder or one of its checkpoints."""
+    run = path.parent.parent if path.parent.name == "checkpoints" else path
+    has_checkpoints = any((run / "checkpoints").glob("step-*"))
+    has_final = (run / "final" / "config.json").is_file()
+    if not ((run / "config.yaml").is_file() and (has_checkpoints or has_final)):
+        return f"{path} has no config.json; is this a model directory?"
+    ways = ([f"its exported model is {run / 'final'}"] if has_final else []) + (
+        [f"`dllm train export-model {path} OUT` writes a checkpoint's model folder"] if has_checkpoints else [])
+    kind = "a checkpoint of a training run" if run != path else "a training run's folder"
+    return f"{path} is {kind}, not a model folder: {'; '.join(ways)}"
+
+
 def check_checkpoint_dir(path: Path, allow_pickle: bool = False) -> dict:
     """Validate a checkpoint directory before handing it to transformers; returns its config dict."""
     cfg_file = path / "config.json"
     if not cfg_file.exists():
-        raise CheckpointError(f"{path} has no config.json; is this a model directory?")
+        raise CheckpointError(_not_a_model_folder(path))
     try:
         config = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as err:

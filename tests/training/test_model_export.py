@@ -83,3 +83,17 @@ def test_the_trainer_is_told_by_its_config_keys():
         assert trainer_kind(to_dict(cls())) == kind
     with pytest.raises(ConfigError, match="not the config of an sft, distill or grpo run"):
         trainer_kind({"max_steps": 3})
+
+
+def test_loading_a_run_folder_says_what_to_load_instead(run, tmp_path):
+    from dllm.loading import load_model
+
+    with pytest.raises(CheckpointError, match=r"is a training run's folder, not a model folder: its exported model is "
+                                              r".*final; `dllm train export-model .* OUT` writes"):
+        load_model(run)
+    step = run / "checkpoints" / "step-0000004"
+    with pytest.raises(CheckpointError, match=rf"{step} is a checkpoint of a training run, not a model folder: .*"
+                                              rf"`dllm train export-model {step} OUT`"):
+        load_model(step)
+    with pytest.raises(CheckpointError, match="has no config.json; is this a model directory"):
+        load_model(tmp_path)  # a folder of nothing in particular
