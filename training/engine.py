@@ -146,10 +146,29 @@ def export_path(cfg) -> Path:
     return Path(cfg.export_dir) if cfg.export_dir else Path(cfg.run_dir) / "final"
 
 
+def export_target_error(out: Path, run_dir: Path) -> str | None:
+    """Why ``out`` cannot take an exported model, or None. The export replaces ``out`` as a whole, so it may
+    only be a new folder or an earlier model folder: never the run folder, a folder holding it, one of its
+    checkpoints, or a folder of other files."""
+    out, run = Path(out).resolve(), Path(run_dir).resolve()
+    if out == run or out in run.parents:
+        return f"{out} holds the run folder {run_dir}; the export would replace it"
+    if (run / "checkpoints") in (out, *out.parents):
+        return f"{out} is inside the run's checkpoints; name another folder for the model"
+    if out.exists() and not out.is_dir():
+        return f"{out} is a file; name a folder for the model"
+    if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
+        return f"{out} holds files but no model (config.json); name a new folder or a model folder to replace"
+    return None
+
+
 def make_run_folders(cfg, run_dir: Path) -> None:
     """Create ``run_dir`` and the export folder's parent now, not after hours of training: a folder
-    that cannot be made is a recipe mistake (ConfigError, one line from the CLI)."""
+    that cannot be made, or an export that would replace something other than a model, is a recipe
+    mistake (ConfigError, one line from the CLI)."""
     export_dir = export_path(cfg)
+    if err := export_target_error(export_dir, run_dir):
+        raise ConfigError(f"export_dir: {err}")
     for folder, key in ((run_dir, "run_dir"), (export_dir.parent, "export_dir")):
         try:
             folder.mkdir(parents=True, exist_ok=True)

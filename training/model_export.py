@@ -24,8 +24,9 @@ import yaml
 
 from dllm.errors import CheckpointError
 
-from .checkpointing import STEP_RE, checkpoint_root
+from .checkpointing import STEP_RE
 from .config import ConfigError, DistillConfig, SFTConfig, load_config
+from .engine import export_target_error
 
 
 def _config_classes() -> dict[str, type]:
@@ -84,8 +85,8 @@ def export_checkpoint_model(run_or_checkpoint: str | Path, out: str | Path, step
     kind = trainer_kind(raw)
     n = int(STEP_RE.match(src.name).group(1))
     out = Path(out).resolve()
-    if out == run_dir.resolve() or checkpoint_root(run_dir).resolve() in (out, *out.parents):
-        raise ConfigError(f"{out} is the run folder or inside its checkpoints; write the model somewhere else")
+    if err := export_target_error(out, run_dir):
+        raise ConfigError(err)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".export-model-", dir=out.parent) as tmp:
         scratch = Path(tmp) / "run"

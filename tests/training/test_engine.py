@@ -219,3 +219,20 @@ def test_a_cpu_run_prints_no_deepspeed_accelerator_warning():
                          cwd=str(REPO), check=True, timeout=120)
     assert out.stdout.strip().endswith("cpu")
     assert "Setting accelerator to CPU" not in out.stderr + out.stdout, out.stderr
+
+
+def test_an_export_dir_that_would_replace_something_else_is_refused_before_training(tmp_path):
+    from dllm.training.config import ConfigError
+
+    run = tmp_path / "run"
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    for export_dir, why in ((run, "holds the run folder"), (tmp_path, "holds the run folder"),
+                            (run / "checkpoints" / "m", "inside the run's checkpoints"),
+                            (tmp_path / "mine", "holds files but no model"),
+                            (tmp_path / "mine" / "notes.txt", "is a file")):
+        cfg = load_config(SFTConfig, None, micro_overrides(run, max_steps=2, export_dir=str(export_dir)))
+        with pytest.raises(ConfigError, match=f"export_dir: .*{why}"):
+            SFTTrainer(cfg).run()
+        assert not list_checkpoints(run)  # refused before the first step
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"

@@ -69,8 +69,15 @@ def test_mistakes_are_one_line(run, tmp_path):
     assert res.exit_code == 2 and "has no checkpoint of step 5 (checkpoints: 4, 8)" in res.output
     res = CliRunner().invoke(train_app, ["export-model", str(tmp_path), str(tmp_path / "m")])
     assert res.exit_code == 2 and "neither a run folder with checkpoints" in res.output
-    with pytest.raises(ConfigError, match="inside its checkpoints"):
+    with pytest.raises(ConfigError, match="inside the run's checkpoints"):
         export_checkpoint_model(run, run / "checkpoints" / "model")
+    with pytest.raises(ConfigError, match="holds the run folder"):
+        export_checkpoint_model(run, run.parent)
+    (tmp_path / "notes.txt").write_text("x")
+    res = CliRunner().invoke(train_app, ["export-model", str(run), str(tmp_path / "notes.txt")])
+    assert res.exit_code == 2 and "notes.txt is a file; name a folder" in res.output
+    res = CliRunner().invoke(train_app, ["export-model", str(run), str(tmp_path)])  # a folder of other things
+    assert res.exit_code == 2 and "holds files but no model" in res.output and (tmp_path / "notes.txt").exists()
     bare = tmp_path / "bare" / "checkpoints" / "step-0000002"
     bare.mkdir(parents=True)
     (bare / "model.safetensors").write_bytes(b"")
