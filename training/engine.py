@@ -706,7 +706,7 @@ class Trainer:
 
     def _eval(self, accelerator, model, log: RunLogger, step: int) -> None:
         if accelerator.is_main_process and self.stream_suites():
-            from .monitor import evaluate
+            from .probe import evaluate
 
             suites = list(self.stream_suites())
             scores = evaluate(accelerator.unwrap_model(model), self.tokenizer, suites, self.cfg.eval_examples,

@@ -211,10 +211,10 @@ def test_a_signal_during_an_evaluation_ends_it_and_checkpoints(tmp_path, monkeyp
     from typer.testing import CliRunner
 
     import dllm.training.cli as cli
-    import dllm.training.monitor as monitor
+    import dllm.training.probe as probe
 
     batches = []
-    real_unmask = monitor.greedy_unmask
+    real_unmask = probe.greedy_unmask
 
     def counted(*args, **kw):
         batches.append(1)
@@ -227,7 +227,7 @@ def test_a_signal_during_an_evaluation_ends_it_and_checkpoints(tmp_path, monkeyp
 
     run = tmp_path / "run"
     monkeypatch.setattr(cli, "_trainer", lambda kind: SignalInEvaluation)
-    monkeypatch.setattr(monitor, "greedy_unmask", counted)
+    monkeypatch.setattr(probe, "greedy_unmask", counted)
     res = CliRunner().invoke(cli.train_app, ["sft", *micro_overrides(run, eval_every=2, eval_examples=4)])
     assert res.exit_code == 143, res.output
     assert "SIGTERM: evaluation at step 2 stopped early; suites scored: none" in res.output
@@ -236,7 +236,7 @@ def test_a_signal_during_an_evaluation_ends_it_and_checkpoints(tmp_path, monkeyp
 
 
 def test_an_evaluation_stops_between_suites_when_asked(tmp_path):
-    from dllm.training.monitor import evaluate
+    from dllm.training.probe import evaluate
     from dllm.training.rollouts import evaluate_decoding
 
     asked = []

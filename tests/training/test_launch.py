@@ -84,8 +84,8 @@ def _accelerate() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "accelerate.commands.launch"]
 
 
-def _sft_args(run) -> list[str]:
-    return ["-m", "dllm.training.cli", "sft", "--config", str(SMOKE_SFT), f"run_dir={run}", "max_steps=2",
+def _sft_args(run, max_steps: int = 2) -> list[str]:
+    return ["-m", "dllm.training.cli", "sft", "--config", str(SMOKE_SFT), f"run_dir={run}", f"max_steps={max_steps}",
             "num_threads=1", "save_every=0"]
 
 
@@ -129,15 +129,15 @@ def test_two_processes_equal_one_process_at_the_same_global_batch(tmp_path):
     import numpy as np
     from safetensors.numpy import load_file
 
-    common = ["max_steps=3", "log_every=1", "eval_every=0", "mixed_precision=no", "grad_accum=2",
+    common = ["log_every=1", "eval_every=0", "mixed_precision=no", "grad_accum=2",
               "shard_global_batch=true", "model.config={d_model: 32, n_layers: 2, n_heads: 4, n_kv_heads: 4, "
               "mlp_hidden_size: 64}"]
-    one = _launch([sys.executable, *_sft_args(tmp_path / "one"), "batch_size=8", *common], tmp_path)
+    one = _launch([sys.executable, *_sft_args(tmp_path / "one", max_steps=3), "batch_size=8", *common], tmp_path)
     assert one.returncode == 0, one.stderr[-3000:]
     acc = _accelerate()
     launch = [*acc, "launch"] if len(acc) == 1 else acc
     two = _launch([*launch, "--cpu", "--num_processes", "2", "--main_process_port", str(_port()),
-                   *_sft_args(tmp_path / "two"), "batch_size=4", *common], tmp_path)
+                   *_sft_args(tmp_path / "two", max_steps=3), "batch_size=4", *common], tmp_path)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "rank 0 of 2" in two.stderr and "rank 1 of 2" in two.stderr
     assert "3 steps x 16 examples" in two.stderr and "3 steps x 16 examples" in one.stderr
