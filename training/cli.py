@@ -87,27 +87,15 @@ def command_line(kind: str, config: Path | None, overrides: list[str], resume: b
 
 
 def _load(kind: str, config: Path | None, overrides: list[str]):
-    from .config import DistillConfig, SFTConfig, load_config
+    from .kinds import load_kind_config
 
-    if kind == "grpo":
-        from .grpo_config import load_grpo_config
-
-        return load_grpo_config(config, overrides)
-    return load_config(SFTConfig if kind == "sft" else DistillConfig, config, overrides)
+    return load_kind_config(kind, config, overrides)
 
 
 def _trainer(kind: str):
-    if kind == "sft":
-        from .sft import SFTTrainer
+    from .kinds import trainer_class
 
-        return SFTTrainer
-    if kind == "distill":
-        from .distill import DistillTrainer
-
-        return DistillTrainer
-    from .grpo import GRPOTrainer
-
-    return GRPOTrainer
+    return trainer_class(kind)
 
 
 def _run(kind: str, config: Path | None, overrides: list[str] | None, resume: bool, show: bool = False) -> None:

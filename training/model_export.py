@@ -13,7 +13,6 @@ FSDP checkpoints keep sharded folders and are refused with the reason.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -25,38 +24,9 @@ import yaml
 from dllm.errors import CheckpointError
 
 from .checkpointing import STEP_RE
-from .config import ConfigError, DistillConfig, SFTConfig, load_config
+from .config import ConfigError
 from .engine import export_target_error
-
-
-def _config_classes() -> dict[str, type]:
-    from .grpo_config import GRPOConfig
-
-    return {"sft": SFTConfig, "distill": DistillConfig, "grpo": GRPOConfig}
-
-
-def _trainer_class(kind: str) -> type:
-    if kind == "sft":
-        from .sft import SFTTrainer
-
-        return SFTTrainer
-    if kind == "distill":
-        from .distill import DistillTrainer
-
-        return DistillTrainer
-    from .grpo import GRPOTrainer
-
-    return GRPOTrainer
-
-
-def trainer_kind(config: dict) -> str:
-    """``sft``, ``distill`` or ``grpo``: the trainer whose config has exactly the keys of a run's config.yaml."""
-    keys = set(config)
-    for kind, cls in _config_classes().items():
-        if keys == {f.name for f in dataclasses.fields(cls)}:
-            return kind
-    raise ConfigError("the run's config.yaml is not the config of an sft, distill or grpo run "
-                      f"(top-level keys {sorted(keys)})")
+from .kinds import load_kind_config, trainer_class, trainer_kind
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -96,7 +66,7 @@ def export_checkpoint_model(run_or_checkpoint: str | Path, out: str | Path, step
         warmup = min(int((raw.get("optim") or {}).get("warmup_steps", 0)), n)
         overrides = [f"run_dir={scratch}", "resume=true", f"max_steps={n}", f"export_dir={out}",
                      f"progress={str(progress).lower()}", "eval_every=0", f"optim.warmup_steps={warmup}"]
-        result = _trainer_class(kind)(load_config(_config_classes()[kind], config_file, overrides)).run()
+        result = trainer_class(kind)(load_kind_config(kind, config_file, overrides)).run()
         if result.step != n or result.status != "finished":
             raise CheckpointError(f"resuming {src} to export it stopped at step {result.step} ({result.status})")
     info_file = out / "training_info.json"

@@ -15,7 +15,8 @@ from dllm.errors import CheckpointError
 from dllm.training.cli import train_app
 from dllm.training.config import ConfigError, DistillConfig, SFTConfig, load_config, to_dict
 from dllm.training.grpo_config import GRPOConfig
-from dllm.training.model_export import export_checkpoint_model, trainer_kind
+from dllm.training.kinds import trainer_kind
+from dllm.training.model_export import export_checkpoint_model
 from dllm.training.run_lock import RunLock
 from dllm.training.sft import SFTTrainer
 
