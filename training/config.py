@@ -134,6 +134,10 @@ class TrainConfig:
     eval_examples: int = num(32, ge=1)  # per suite
     export_dir: str | None = None  # final model dir; default <run_dir>/final
     resume: bool = False
+    # a run from step 0 in a run_dir that holds an earlier run's config.yaml, metrics.csv or eval.csv, or
+    # into an export_dir that holds a model, is refused; true lets it replace them (checkpoints are never
+    # replaced: resume them, or remove them)
+    overwrite: bool = False
     progress: bool = True
     # the run is refused before its model is built when weights + gradients + AdamW states would not fit
     # in the free memory (training.memory); true skips that check

@@ -44,7 +44,8 @@ class TrainingDiverged(RuntimeError):
 
 
 class RunDirInUse(RuntimeError):
-    """The run dir already holds checkpoints and ``resume`` was not requested."""
+    """The run dir already holds checkpoints and ``resume`` was not requested, or an earlier run's files
+    that a run from step 0 would replace and ``overwrite`` was not requested."""
 
 
 TMP_EXPORT_PREFIX = ".tmp-"  # the export is written to <parent>/.tmp-<name>, then renamed
@@ -160,6 +161,32 @@ def export_target_error(out: Path, run_dir: Path) -> str | None:
     if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
         return f"{out} holds files but no model (config.json); name a new folder or a model folder to replace"
     return None
+
+
+EARLIER_RUN_FILES = ("config.yaml", "metrics.csv", "eval.csv")  # what a run from step 0 writes anew
+
+
+def earlier_run_error(run_dir: Path, export_dir: Path, resume: bool) -> str | None:
+    """Why a run from step 0 (no checkpoint to resume) must not start in ``run_dir`` without
+    ``overwrite=true``, or None: it would replace an earlier run's log and config, or its exported model,
+    which a finished run leaves beside its last checkpoint until someone removes the checkpoints.
+    ``resume`` with no checkpoint starts from step 0 by design (a job that always passes --resume), so
+    only the export stops it: a killed run's log and config are what it is meant to take over."""
+    model = export_dir / "config.json"
+    if resume:
+        if not model.is_file():
+            return None
+        return (f"{run_dir} has no checkpoint to resume, but {export_dir} holds an exported model (a finished "
+                "run whose checkpoints were removed): resuming would train from step 0 and replace it; choose "
+                "another run_dir, or pass overwrite=true to train again")
+    found = [name for name in EARLIER_RUN_FILES if (run_dir / name).is_file()]
+    if model.is_file():
+        found.append(f"the exported model {export_dir}")
+    if not found:
+        return None
+    return (f"{run_dir} holds an earlier run ({', '.join(found)}), which a new run would replace; choose "
+            "another run_dir, pass --resume (resume=true) to continue a run that was stopped before its first "
+            "checkpoint, or overwrite=true to start over")
 
 
 def make_run_folders(cfg, run_dir: Path) -> None:
@@ -474,6 +501,9 @@ class Trainer:
                 f"{run_dir} already has checkpoints (latest {existing.name}); pass --resume (resume=true) "
                 "to continue it, or choose another run_dir"
             )
+        if existing is None and not cfg.overwrite and (
+                err := earlier_run_error(run_dir, export_path(cfg), cfg.resume)) is not None:
+            raise RunDirInUse(err)
 
         # Same seed on every process: identical initial weights; data and masks differ by rank below.
         torch.manual_seed(cfg.seed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,28 @@ def test_resume_is_bit_identical(tmp_path):
     # the metrics of the crashed attempt after step 4 were dropped and rewritten by the resumed run
     steps = [int(r.split(",")[0]) for r in (tmp_path / "b" / "metrics.csv").read_text().splitlines()[1:]]
     assert steps == list(range(1, 9))
+
+
+def test_a_run_from_step_0_never_replaces_an_earlier_run_unasked(tmp_path):
+    """A finished run whose checkpoints were removed leaves its log, config and model: a new run there, or
+    a resume with nothing to resume, is refused before it writes a byte; overwrite=true replaces them."""
+    run = tmp_path / "run"
+    over = micro_overrides(run, max_steps=2)
+    SFTTrainer(load_config(SFTConfig, None, over)).run()
+    shutil.rmtree(run / "checkpoints")
+    kept = {name: (run / name).read_bytes() for name in ("config.yaml", "metrics.csv", "final/model.safetensors")}
+    with pytest.raises(RunDirInUse, match=r"earlier run \(config.yaml, metrics.csv, the exported model .*final\)"
+                                          r".*overwrite=true"):
+        SFTTrainer(load_config(SFTConfig, None, over + ["seed=1"])).run()
+    with pytest.raises(RunDirInUse, match="no checkpoint to resume, but .*final holds an exported model"):
+        SFTTrainer(load_config(SFTConfig, None, over + ["seed=1", "resume=true"])).run()
+    assert {name: (run / name).read_bytes() for name in kept} == kept
+    assert SFTTrainer(load_config(SFTConfig, None, over + ["seed=1", "overwrite=true"])).run().status == "finished"
+    assert (run / "final" / "model.safetensors").read_bytes() != kept["final/model.safetensors"]
+    # a run killed before its first checkpoint left only its config and log: --resume takes it over
+    shutil.rmtree(run / "checkpoints")
+    shutil.rmtree(run / "final")
+    assert SFTTrainer(load_config(SFTConfig, None, over + ["resume=true"])).run().status == "finished"
 
 
 def test_nan_guard_keeps_last_good_checkpoint(tmp_path):
