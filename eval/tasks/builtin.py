@@ -48,6 +48,11 @@ def get_suite(name: str, **options) -> TaskSuite:
     try:
         cls = _REGISTRY[name.strip()]
     except (KeyError, AttributeError):
+        if isinstance(name, str) and ":" in name:  # the command line's spec, given to the Python call
+            base = name.split(":", 1)[0].strip()
+            raise ValueError(f"get_suite takes a suite's name and its options as keywords "
+                             f"(get_suite({base!r}, max_items=16)), not a spec {name!r}; "
+                             f"resolve_suites({name!r}) reads the command line's specs") from None
         raise ValueError(f"unknown suite {name!r}; valid suites: {', '.join(_REGISTRY)}") from None
     if options:
         takes = [k for k in inspect.signature(cls).parameters if k != "self"]

@@ -25,6 +25,9 @@ def test_registry():
     assert [s.name for s in resolve_suites(" gsm, arith ,gsm")] == ["gsm", "arith"]
     with pytest.raises(ValueError, match="valid suites: arith, gsm, lists, sudoku, countdown"):
         get_suite("mmlu")
+    with pytest.raises(ValueError, match=r"get_suite\('longlists', max_items=16\).*resolve_suites\("):
+        get_suite("longlists:max_items=10")
+    assert [s.distinct[0] for s in resolve_suites("longlists:min_items=7,max_items=10")] == [7]
     with pytest.raises(ValueError, match="valid suites"):
         resolve_suites("arith,nope")
     with pytest.raises(ValueError):
