@@ -184,9 +184,13 @@ def earlier_run_error(run_dir: Path, export_dir: Path, resume: bool) -> str | No
         found.append(f"the exported model {export_dir}")
     if not found:
         return None
-    return (f"{run_dir} holds an earlier run ({', '.join(found)}), which a new run would replace; choose "
-            "another run_dir, pass --resume (resume=true) to continue a run that was stopped before its first "
-            "checkpoint, or overwrite=true to start over")
+    # a run stopped before its first checkpoint exported nothing: --resume takes its folder over
+    ways = ["choose another run_dir"]
+    if not model.is_file():
+        ways.append("pass --resume (resume=true) to take over a run stopped before its first checkpoint")
+    ways.append("pass overwrite=true to start over")
+    return (f"{run_dir} holds an earlier run ({', '.join(found)}), which a new run would replace; "
+            f"{', '.join(ways[:-1])} or {ways[-1]}")
 
 
 def make_run_folders(cfg, run_dir: Path) -> None:
