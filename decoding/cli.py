@@ -47,6 +47,8 @@ def generate(
     from dllm.text import generate_text, load_tokenizer_for
 
     from .config import parse_overrides
+    from .errors import GenerationConfigError
+    from .registry import unread_options_error
 
     quiet_transformers()
     flags = {k: v for k, v in dict(strategy=strategy, cache=cache, threshold=threshold, block_length=block_length,
@@ -97,6 +99,9 @@ def generate(
         if "max_new_tokens" in overrides and "block_length" not in overrides and cfg.block_length:
             if overrides["max_new_tokens"] % cfg.block_length:
                 overrides["block_length"] = overrides["max_new_tokens"]
+        chosen = overrides.get("strategy") or ("lopa" if branch_parallel > 1 else cfg.strategy)
+        if (unread := unread_options_error(chosen, overrides)) is not None:
+            raise GenerationConfigError(f"{unread}; leave it out, or choose a --strategy that reads it")
         if branch_parallel > 1 and mesh is not None:
             overrides.setdefault("strategy", "lopa")
             results = _mesh_branches(m, tok, prompts, mesh, cfg.replace(**overrides), chat=not no_chat,

@@ -33,7 +33,9 @@ class DiffusionGenerationConfig:
     """How ``model.generate`` turns a canvas of masks into text.
 
     Strategy parameters that do not apply to the chosen strategy are ignored (a sweep can keep one
-    config). See the README's strategy table for which fields each strategy reads.
+    config); options passed to one ``generate`` call that its strategy does not read are warned of
+    (``dllm.decoding.registry.unread_options_error``). See the README's strategy table for which fields
+    each strategy reads.
     """
 
     strategy: str = "threshold"

@@ -15,6 +15,7 @@ on a built-in loop)::
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -71,6 +72,12 @@ class Strategy:
         """Whether this strategy's decoding depends on ``option`` (a sweep over one it ignores is moot)."""
         return option in COMMON_OPTIONS or option in self.options
 
+    def unread(self, names) -> list[str]:
+        """Of ``names`` (options a caller set), the ones this strategy's decoding does not depend on.
+        ``steps`` is never one: every strategy's default step limit grows with it, and the Fast-dLLM
+        references take it with a threshold (``dual_cache_step_bound``)."""
+        return [n for n in names if n != "steps" and not self.reads(n)]
+
     def can_join(self, cfg) -> bool:
         """Whether rows may be added to a running batch decoding with ``cfg``."""
         if cfg.cfg_scale:  # classifier-free guidance doubles the batch inside a forward: rows start together
@@ -105,6 +112,25 @@ def unregister_strategy(name: str) -> None:
 
 def strategy_names() -> list[str]:
     return list(STRATEGIES)
+
+
+def unread_options_error(strategy: str, names) -> str | None:
+    """Why options a caller set (``names``) would do nothing under ``strategy``, naming each one's readers,
+    or None. ``model.generate`` warns with it, the CLI and the server refuse with it: a config object may
+    carry every strategy's fields (a sweep keeps one), but an option set for one call is meant to act."""
+    unread = get_strategy(strategy).unread(names)
+    if not unread:
+        return None
+    said = "; ".join(f"{n} (read by {', '.join(s.name for s in STRATEGIES.values() if s.reads(n)) or 'none'})"
+                     for n in unread)
+    return f"strategy {strategy!r} does not read {said}"
+
+
+def warn_unread_options(strategy: str, names, stacklevel: int = 3) -> None:
+    """A UserWarning (as transformers warns of generation flags a mode ignores) if ``names`` holds options
+    ``strategy`` does not read."""
+    if (said := unread_options_error(strategy, names)) is not None:
+        warnings.warn(f"{said}; setting it changes nothing", UserWarning, stacklevel=stacklevel)
 
 
 def get_strategy(name: str) -> Strategy:

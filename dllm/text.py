@@ -8,6 +8,7 @@ import torch
 
 from dllm.decoding.config import DiffusionGenerationConfig
 from dllm.decoding.errors import GenerationConfigError
+from dllm.decoding.registry import warn_unread_options
 
 
 @dataclass
@@ -90,6 +91,7 @@ def generate_text(
     input_ids, mask = encode_prompts(tokenizer, prompts, chat=chat)
     cfg = generation_config or model.diffusion_generation_config
     cfg = cfg.replace(return_dict_in_generate=True, **overrides)
+    warn_unread_options(cfg.strategy, overrides, stacklevel=3)
     out = model.generate(input_ids, attention_mask=mask, generation_config=cfg, streamer=streamer, tokenizer=tokenizer)
     eos_ids = getattr(out, "eos_token_ids", ())  # the ids the decoder stopped at, every one
     if cfg.eos_token_id is None and tokenizer.eos_token_id is not None:

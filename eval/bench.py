@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from dllm.decoding.config import check_option_names, parse_option_value
-from dllm.decoding.registry import get_strategy
+from dllm.decoding.registry import get_strategy, unread_options_error
 
 from .metrics import aup as aup_metric
 from .metrics import latency_percentiles
@@ -142,6 +142,8 @@ def run_bench(
             configs.append(base.replace(strategy=m.strategy, **m.params))
         except (GenerationConfigError, TypeError) as err:
             raise BenchSpecError(f"method {m.label!r}: {err}") from None
+        if (unread := unread_options_error(m.strategy, m.params)) is not None:
+            raise BenchSpecError(f"method {m.label!r}: {unread}")
     stats = [MethodStats(m) for m in methods]
     batches = [examples[i : i + batch_size] for i in range(0, len(examples), batch_size)]
 

@@ -51,11 +51,12 @@ def _guess_param(message: str, candidates) -> str | None:
 
 
 def _build_config(state: ServerState, req, max_tokens: int) -> tuple[DiffusionGenerationConfig, bool]:
-    from dllm.decoding.registry import StrategyError, check_compatible, get_strategy
+    from dllm.decoding.registry import StrategyError, check_compatible, get_strategy, unread_options_error
 
     b = state.bundle
     s = state.settings
     overrides: dict[str, Any] = {k: getattr(req, k) for k in DIFFUSION_FIELDS if getattr(req, k) is not None}
+    asked = list(overrides)  # the knobs the client set, each of which must act
     if "top_k" in overrides and overrides["top_k"] >= b.vocab_size:
         overrides["top_k"] = None  # no-op filter
     if req.temperature is not None:
@@ -82,6 +83,9 @@ def _build_config(state: ServerState, req, max_tokens: int) -> tuple[DiffusionGe
     try:
         cfg = b.base_cfg.replace(**overrides)
         strategy = get_strategy(cfg.strategy)
+        if (unread := unread_options_error(cfg.strategy, asked)) is not None:
+            raise bad_request(f"{unread}; leave it out, or set strategy to one that reads it",
+                              param=strategy.unread(asked)[0])
         check_compatible(strategy, b.model, cfg)
     except StrategyError as err:
         raise bad_request(str(err), param="strategy") from None

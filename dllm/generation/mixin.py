@@ -8,6 +8,7 @@ import torch
 
 from dllm.decoding.config import DiffusionGenerationConfig
 from dllm.decoding.engine import generate as decode
+from dllm.decoding.registry import warn_unread_options
 
 from .hf_compat import translate
 
@@ -128,6 +129,7 @@ class DiffusionGenerationMixin:
         request = translate(input_ids.shape[1], hf_config, **kwargs)
         if request.overrides:
             cfg = cfg.replace(**request.overrides)
+            warn_unread_options(cfg.strategy, request.overrides, stacklevel=4)  # past torch.no_grad
         n = request.num_return_sequences
         if n > 1:
             input_ids = input_ids.repeat_interleave(n, dim=0)

@@ -11,6 +11,10 @@ from dllm.generation import DiffusionGenerationConfig, GenerationConfigError
 from dllm.testing import EOS, MASK, PAD, tiny_dream, tiny_llada
 from dllm.text import left_pad
 
+# one set of options runs every strategy here (a sweep), so most calls set some their strategy
+# does not read; test_registry.py checks that generate warns of them
+pytestmark = pytest.mark.filterwarnings("ignore:strategy '.*' does not read:UserWarning")
+
 G, B = 16, 4
 
 

@@ -3,6 +3,8 @@ server's checks like a built-in one; the registry fails loudly with the valid na
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -10,7 +12,13 @@ from dllm.decoding import DecodeSession, StrategyError, get_strategy
 from dllm.decoding.commit import CommitPolicy, Threshold
 from dllm.decoding.loops.semi_ar import decode_semi_ar
 from dllm.decoding.policies import select_top_k
-from dllm.decoding.registry import Strategy, register_strategy, strategy_names, unregister_strategy
+from dllm.decoding.registry import (
+    Strategy,
+    register_strategy,
+    strategy_names,
+    unread_options_error,
+    unregister_strategy,
+)
 from dllm.generation import DiffusionGenerationConfig, GenerationConfigError
 from dllm.testing import tiny_llada
 
@@ -93,3 +101,20 @@ def test_options_it_does_not_read_are_refused_per_row(model, top2):
     cfg = DiffusionGenerationConfig(strategy="top2_test", max_new_tokens=G, block_length=B)
     with pytest.raises(GenerationConfigError, match="per-row options: none"):
         DecodeSession(model, cfg).add_rows([[1, 2]], threshold=0.5)
+
+
+def test_an_option_set_for_one_call_that_the_strategy_does_not_read_warns(model, top2):
+    """A config may carry every strategy's fields (a sweep keeps one), but an option passed to one call is meant
+    to act: generate warns, naming each unread option and the strategies that read it; ``steps`` never counts."""
+    assert top2.unread(["threshold", "cache", "steps", "max_new_tokens", "temperature"]) == ["threshold"]
+    assert unread_options_error("top2_test", ["cache", "steps"]) is None
+    said = unread_options_error("vanilla", ["skip_threshold", "threshold"])
+    assert said.startswith("strategy 'vanilla' does not read skip_threshold (read by d2f, lopa); threshold (read by ")
+    with pytest.warns(UserWarning, match=r"strategy 'top2_test' does not read threshold \(read by threshold,"):
+        model.generate(_prompt(), strategy="top2_test", threshold=0.5, max_new_tokens=G, block_length=B)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.generate(_prompt(), strategy="top2_test", cache="prefix", steps=8, max_new_tokens=G, block_length=B)
+        # a whole config is not "set for the call": its other strategies' fields stay quiet
+        model.generate(_prompt(), generation_config=DiffusionGenerationConfig(
+            strategy="top2_test", threshold=0.5, max_new_tokens=G, block_length=B))

@@ -44,6 +44,8 @@ def test_generate_text_and_status_line(ckpt):
     (["--set", "threshold"], "expected KEY=VALUE, got 'threshold'"),
     (["--set", "threshold=high"], "threshold='high' must be a finite number"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--strategy", "vanilla", "--threshold", "0.5"], "strategy 'vanilla' does not read threshold (read by threshold,"),
+    (["--lopa-branches", "2"], "strategy 'threshold' does not read lopa_branches (read by lopa); leave it out"),
 ])
 def test_generate_user_errors_are_clear(ckpt, args, msg):
     base = ["generate", "hi", "--model", str(ckpt)]

@@ -199,6 +199,10 @@ def test_bench_cli_user_errors(ckpt):
     r = CliRunner().invoke(app, ["bench", "--model", str(ckpt), "--suite", "arith", "--n", "1", "--no-progress",
                                  "--strategies", "vanilla,threshold", "--sweep", "threshold=high"])
     assert r.exit_code == 2 and "threshold='high' must be a finite number" in r.output
+    r = CliRunner().invoke(app, ["bench", "--model", str(ckpt), "--suite", "arith", "--n", "1", "--no-progress",
+                                 "--strategies", "vanilla,threshold:lopa_branches=2"])
+    assert r.exit_code == 2 and "method 'threshold:lopa_branches=2': strategy 'threshold' does not read " \
+                                "lopa_branches (read by lopa)" in r.output
 
 
 def test_bench_cli_output_paths_are_checked_before_the_run(ckpt, tmp_path):

@@ -243,6 +243,17 @@ def test_unknown_fields_are_refused_by_name(client):
     assert chat.body["param"] == "temprature" and "did you mean temperature?" in chat.body["message"]
 
 
+def test_knobs_the_strategy_does_not_read_are_refused_by_name(client):
+    """A knob that would change nothing under the request's strategy is a 400 naming it and its readers."""
+    err = _error(lambda: client.completions.create(model=MODEL, prompt="hi", max_tokens=4,
+                                                   extra_body={"strategy": "vanilla", "lopa_branches": 2}))
+    assert isinstance(err, openai.BadRequestError) and err.body["param"] == "lopa_branches"
+    assert "strategy 'vanilla' does not read lopa_branches (read by lopa)" in err.body["message"]
+    ok = client.completions.create(model=MODEL, prompt="hi", max_tokens=4,
+                                   extra_body={"strategy": "vanilla", "steps": 4, "block_length": 4})
+    assert ok.choices
+
+
 @pytest.mark.parametrize("extra,param", [
     ({"repetition_penalty": 1.2}, "repetition_penalty"), ({"guided_json": {"type": "object"}}, "guided_json"),
     ({"guided_choice": ["a", "b"]}, "guided_choice"), ({"store": True}, "store"), ({"metadata": {"k": "v"}}, "metadata"),
@@ -316,7 +327,7 @@ def test_api_key(serve, checkpoint):
 @pytest.mark.parametrize("strategy", ["lopa", "d3llm"])
 def test_other_strategies_stream_like_they_answer(bc_server, strategy):
     client = openai.OpenAI(base_url=bc_server[0] + "/v1", api_key="unused", max_retries=0, timeout=60)
-    extra = {"strategy": strategy, "lopa_branches": 2, "entropy_threshold": 2.0}
+    extra = {"strategy": strategy, **({"lopa_branches": 2} if strategy == "lopa" else {"entropy_threshold": 2.0})}
     kw = {"messages": [{"role": "user", "content": "hello world"}], "max_tokens": 24, "temperature": 0,
           "extra_body": extra}
     full = client.chat.completions.create(model=MODEL, **kw)
