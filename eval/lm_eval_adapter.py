@@ -70,6 +70,7 @@ class DLLMEvalModel(LM):
     def __init__(self, pretrained: str = "tiny", batch_size: int | str = 1, mc_num: int = 32, mc_batch_size: int = 16,
                  chat: bool = True, dtype: str | None = None, device: str | None = None, seed: int = 0, **gen_kwargs):
         super().__init__()
+        from dllm.decoding.registry import unread_options_error
         from dllm.loading import load_model, resolve_model_path
         from dllm.text import load_tokenizer_for
 
@@ -84,6 +85,8 @@ class DLLMEvalModel(LM):
         if unknown:
             raise ValueError(f"unknown dllm model_args {unknown}; valid: {sorted(fields | _MODEL_ARGS)}")
         self.gen_config = self.model.diffusion_generation_config.replace(**gen_kwargs)
+        if (unread := unread_options_error(self.gen_config.strategy, gen_kwargs)) is not None:
+            raise ValueError(f"dllm model_args: {unread}")
         from dllm.special_ids import require_mask_token
 
         self.mask_id = require_mask_token(self.model, self.tokenizer)

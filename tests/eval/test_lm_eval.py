@@ -69,6 +69,16 @@ def test_lm_eval_cli_on_local_tasks(ckpt, tmp_path, monkeypatch):
     assert 0.0 <= results["dllm_local_mc"]["acc,none"] <= 1.0
 
 
+def test_model_args_the_strategy_does_not_read_are_refused(ckpt):
+    from dllm.eval.lm_eval_adapter import DLLMEvalModel
+
+    with pytest.raises(ValueError, match="unknown dllm model_args"):
+        DLLMEvalModel(pretrained=str(ckpt[0] / "ckpt"), no_such_arg=1)
+    with pytest.raises(ValueError, match=r"model_args: strategy 'vanilla' does not read lopa_branches \(read by lopa\)"):
+        DLLMEvalModel(pretrained=str(ckpt[0] / "ckpt"), strategy="vanilla", lopa_branches=2)
+    assert DLLMEvalModel(pretrained=str(ckpt[0] / "ckpt"), strategy="vanilla", steps=8).gen_config.steps == 8
+
+
 # Two cases (each lm-eval call indexes every task it knows, ~15 s here): one of ours, one of lm-eval's.
 @pytest.mark.parametrize("model_args,tasks,msg", [
     ("pretrained={ckpt},strategy=warp", "dllm_local_gen", "unknown strategy 'warp'"),
