@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from dllm.decoding.registry import STRATEGIES
+from dllm.decoding.registry import STRATEGIES, unread_options_error
 from dllm.validation import Range
 
 from .config import ConfigError, LoraSection, OptimSection, TrainConfig, load_config, num, validate
@@ -159,6 +159,9 @@ def validate_grpo(cfg: GRPOConfig, has_dataset: bool = False, python_functions: 
             bad(f"shard_global_batch=true: each process generates whole chunks of rollout.batch_size rows of the global "
                 f"batch, and its {rows} rollouts (rollout.prompts_per_step x rollout.group_size) are not a multiple of "
                 f"rollout.batch_size={r.batch_size}; set rollout.batch_size to a divisor of {rows}")
+    if r.strategy in STRATEGIES and isinstance(r.options, dict) and (
+            unread := unread_options_error(r.strategy, r.options)) is not None:
+        bad(f"rollout.options: {unread}")
     replayable = [s.name for s in STRATEGIES.values() if s.exact_replay]
     if lo.estimator == "trajectory" and r.strategy in STRATEGIES and r.strategy not in replayable:
         bad(f"loss.estimator=trajectory replays the decoding steps of {', '.join(sorted(replayable))}; "

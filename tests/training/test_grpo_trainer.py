@@ -232,6 +232,9 @@ def test_config_errors(ckpt, tmp_path):
         load_grpo_config(None, _overrides(ckpt, tmp_path, **{"rollout.bogus": 1}))
     with pytest.raises(ConfigError, match="evaluation.threshold"):
         load_grpo_config(None, _overrides(ckpt, tmp_path, **{"evaluation.threshold": 1.5}))
+    with pytest.raises(ConfigError, match=r"rollout.options: strategy 'threshold' does not read lopa_branches"):
+        load_grpo_config(None, _overrides(ckpt, tmp_path, **{"rollout.options": "{lopa_branches: 2}"}))
+    assert load_grpo_config(None, _overrides(ckpt, tmp_path, **{"rollout.options": "{min_p: 0.1}"})).rollout.options
 
 
 def test_eval_threshold_is_separate_from_the_rollout_threshold(ckpt, tmp_path):
