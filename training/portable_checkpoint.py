@@ -101,6 +101,11 @@ def _source(run_or_checkpoint: Path, step: int | None) -> Path:
         return found[step]
     latest = latest_checkpoint(path)
     if latest is None:
+        if (path / "config.yaml").is_file():  # a run folder whose checkpoints were removed (or never written)
+            final = path / "final"
+            kept = f"; its exported model is {final}" if (final / "config.json").is_file() else ""
+            raise CheckpointError(f"{path} is a run folder with no checkpoint left (removed, or the run stopped "
+                                  f"before its first){kept}")
         raise CheckpointError(f"{path} is neither a run folder with checkpoints nor a checkpoints/step-N folder")
     return latest
 

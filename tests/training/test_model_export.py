@@ -70,6 +70,13 @@ def test_mistakes_are_one_line(run, tmp_path):
     assert res.exit_code == 2 and "has no checkpoint of step 5 (checkpoints: 4, 8)" in res.output
     res = CliRunner().invoke(train_app, ["export-model", str(tmp_path), str(tmp_path / "m")])
     assert res.exit_code == 2 and "neither a run folder with checkpoints" in res.output
+    gone = tmp_path / "gone"  # a finished run whose checkpoints were removed
+    (gone / "final").mkdir(parents=True)
+    (gone / "config.yaml").write_text((run / "config.yaml").read_text())
+    (gone / "final" / "config.json").write_text((run / "final" / "config.json").read_text())
+    res = CliRunner().invoke(train_app, ["export-model", str(gone), str(tmp_path / "m")])
+    assert res.exit_code == 2 and "is a run folder with no checkpoint left" in res.output
+    assert f"its exported model is {gone / 'final'}" in res.output.replace("\n", "")
     with pytest.raises(ConfigError, match="inside the run's checkpoints"):
         export_checkpoint_model(run, run / "checkpoints" / "model")
     with pytest.raises(ConfigError, match="holds the run folder"):
