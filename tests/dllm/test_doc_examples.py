@@ -43,7 +43,15 @@ def test_docs_have_runnable_examples():
 
 @pytest.mark.parametrize("file,i,code", DOCS_BLOCKS, ids=[f"{f}#{i}" for f, i, _ in DOCS_BLOCKS])
 def test_docs_examples_run(file, i, code, capsys):
-    exec(compile(code, f"{file} block {i}", "exec"), {})  # noqa: S102
+    from dllm.decoding.registry import STRATEGIES
+
+    # a strategy an example registers (docs/architecture.md's "top2") leaves with it, not in later tests
+    before = dict(STRATEGIES)
+    try:
+        exec(compile(code, f"{file} block {i}", "exec"), {})  # noqa: S102
+    finally:
+        STRATEGIES.clear()
+        STRATEGIES.update(before)
     assert capsys.readouterr().out.strip()  # every runnable example prints what it shows
 
 
