@@ -43,10 +43,12 @@ def trainer_class(kind: str) -> type:
 
 
 def trainer_kind(config: dict) -> str:
-    """The trainer whose config has exactly the top-level keys of ``config`` (a run's config.yaml)."""
+    """The trainer whose config ``config`` (a run's config.yaml) is: the one kind whose fields hold all its
+    top-level keys. A run written before a field was added lacks that key (it resumes with the field's
+    default), so the keys need not be all of the fields; each kind has keys of its own that tell it."""
     keys = set(config)
-    for kind in KINDS:
-        if keys == {f.name for f in dataclasses.fields(config_class(kind))}:
-            return kind
-    raise ConfigError("the run's config.yaml is not the config of an sft, distill or grpo run "
-                      f"(top-level keys {sorted(keys)})")
+    kinds = [kind for kind in KINDS if keys <= {f.name for f in dataclasses.fields(config_class(kind))}]
+    if len(kinds) != 1:
+        raise ConfigError("the run's config.yaml is not the config of an sft, distill or grpo run "
+                          f"(top-level keys {sorted(keys)})")
+    return kinds[0]

@@ -96,8 +96,13 @@ def test_mistakes_are_one_line(run, tmp_path):
 def test_the_trainer_is_told_by_its_config_keys():
     for cls, kind in ((SFTConfig, "sft"), (DistillConfig, "distill"), (GRPOConfig, "grpo")):
         assert trainer_kind(to_dict(cls())) == kind
+        # a run written before a field was added (here: overwrite, progress) is still told
+        older = {k: v for k, v in to_dict(cls()).items() if k not in ("overwrite", "progress")}
+        assert trainer_kind(older) == kind
     with pytest.raises(ConfigError, match="not the config of an sft, distill or grpo run"):
-        trainer_kind({"max_steps": 3})
+        trainer_kind({"max_steps": 3})  # keys every trainer has
+    with pytest.raises(ConfigError, match="not the config of an sft, distill or grpo run"):
+        trainer_kind({**to_dict(SFTConfig()), "rollout": {}})  # keys of two trainers
 
 
 def test_loading_a_run_folder_says_what_to_load_instead(run, tmp_path):
