@@ -298,7 +298,10 @@ def test_flex_path_builds_no_dense_mask(bc, bi, monkeypatch):
             m(canvas, attention_mask=kv, prompt_length=torch.tensor([P, P - 1]))
             _prefix_step(m, None, canvas, kv, P, B)
             _dual_step(m, None, canvas, kv, P, P, canvas[:, P:P + B])
-            m.generate(ids, attention_mask=kv[:, :P], max_new_tokens=8, block_length=B, cache="dual")
+            # the bidirectional model's threshold decoding with the dual cache; the block-causal one's d2f
+            # caches finished blocks exactly by itself (it reads no cache option)
+            m.generate(ids, attention_mask=kv[:, :P], max_new_tokens=8, block_length=B,
+                       **({} if m is bc else {"cache": "dual"}))
         finally:
             m.set_attention_backend(None)
     with pytest.raises(AssertionError, match="dense"):
