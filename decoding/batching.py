@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .registry import STRATEGIES, get_strategy
+from .registry import get_strategy
 
 
 @dataclass(frozen=True)
@@ -24,12 +24,6 @@ class BatchForm:
     cfg: Any  # the DiffusionGenerationConfig the batch decodes with
     row_values: dict[str, Any]  # this request's values of the batch strategy's row options
     key: tuple  # requests with equal keys may share a batch
-
-
-def _strategy_options() -> frozenset[str]:
-    """Options some strategy reads (and others ignore). ``steps`` is left out: every strategy's default
-    step limit depends on it (``DiffusionGenerationConfig.step_limit``)."""
-    return frozenset().union(*(s.options for s in STRATEGIES.values())) - {"steps"}
 
 
 def batch_form(model, cfg) -> BatchForm:
@@ -40,7 +34,7 @@ def batch_form(model, cfg) -> BatchForm:
         cfg = cfg.replace(strategy=name, **options)
         strategy = get_strategy(name)
     row_values = {name: getattr(cfg, name) for name in strategy.row_options}
-    ignored = _strategy_options() - strategy.options
-    key = tuple((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
-                if f.name not in strategy.row_options and f.name not in ignored)
+    names = [f.name for f in dataclasses.fields(cfg) if f.name not in strategy.row_options]
+    ignored = set(strategy.unread(names))  # never ``steps``: every strategy's step limit depends on it
+    key = tuple((name, getattr(cfg, name)) for name in names if name not in ignored)
     return BatchForm(cfg, row_values, key)
