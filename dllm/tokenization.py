@@ -26,8 +26,7 @@ a longer number is split into D-digit pieces from the left), so an arithmetic fa
 between tokens, which countdown needs; the padded digits keep the column alignment that arith needs
 (whole-number tokens alone make arith unlearnable: docs/training.md, "Lessons from training the bundled models"). Numbers of W or
 more digits and the unpadded Sudoku cells get no tag. ``tokenizers`` normalizers cannot copy a
-matched number, so the tagger is one literal rule per 1..W-1-digit string (1,110 for W=4; ~0.4 ms
-per text).
+matched number, so the tagger copies it into its tag digit by digit (31 rules for W=4).
 
 ``number_tag_style="replace"`` puts the tag in place of the number's first empty digit instead of
 before it (``"35"`` -> ``▁⟦35⟧ ∅ 3 5``, ``"123"`` -> ``▁⟦123⟧ 1 2 3``): sequences keep the length
@@ -180,20 +179,36 @@ def _number_tagger(width: int, style: str = "insert", max_digits: int = 0,
     digits), s any 1..width-1-digit string (runs after the padder, so exactly the padded numbers are
     tagged: an n-digit string carries width - n empty digits, which identifies it). ``max_digits``:
     tag only numbers of up to that many digits (0: width - 1, every padded number). ``context``: a
-    regex the text right after the number must match."""
+    regex the text right after the number must match; it is matched against the padded text before
+    any tag is added.
+
+    A ``Replace`` rule writes literal text (no group references), so the number is copied into its tag
+    one digit at a time: one rule opens an empty tag ``⟦⟧`` at every number to tag, then a rule per
+    digit place j and digit d writes d into every tag holding j digits whose number has d at place j
+    (empty matches, so each rule inserts text). That is 1 + 10 * max_digits rules (31 for width 4) in
+    place of one rule per digit string (1,110): a tagged tokenizer normalizes a text about seven times
+    and encodes it about four times faster. Tokenizers built before 2026-12-07 keep the per-string rules in their ``tokenizer.json``;
+    both give the same text wherever the context does not read tags (the countdown context reads them
+    alike)."""
     e = EMPTY_DIGIT
     free = rf"(?<![0-9{e}{TAG_OPEN}{TAG_CLOSE}])"
     after = f"(?={context})" if context else ""
-
-    def tagged(s: str) -> str:
-        if style == "whole":
-            return f"{TAG_OPEN}{s}{TAG_CLOSE}" + e * (width - 1)
-        return f"{TAG_OPEN}{s}{TAG_CLOSE}" + e * (width - len(s) - (style == "replace")) + s
-
-    return normalizers.Sequence([
-        normalizers.Replace(Regex(rf"{free}{e}{{{width - len(s)}}}{s}(?![0-9]){after}"), tagged(s))
-        for s in _digit_strings(max_digits or width - 1)
-    ])
+    lengths = range(1, (max_digits or width - 1) + 1)
+    replace = style == "replace"  # the tag takes the place of the number's first empty digit
+    left = {n: width - n - replace for n in lengths}  # the empty digits between the tag and the digits
+    padded = "|".join(f"{e}{{{left[n]}}}[0-9]{{{n}}}" for n in lengths)
+    opened = rf"{free}{e if replace else ''}(?=(?:{padded})(?![0-9]){after})"
+    rules = [normalizers.Replace(Regex(opened), TAG_OPEN + TAG_CLOSE)]
+    for j in range(max(lengths)):
+        for d in range(10):
+            # before the ⟧ of a tag holding j digits, whose number has n > j digits with d at place j
+            ahead = "|".join(f"{e}{{{left[n]}}}[0-9]{{{j}}}{d}[0-9]{{{n - j - 1}}}" for n in lengths if n > j)
+            place = rf"(?<={TAG_OPEN}[0-9]{{{j}}})(?={TAG_CLOSE}(?:{ahead})(?![0-9]))"
+            rules.append(normalizers.Replace(Regex(place), str(d)))
+    if style == "whole":  # the number's digits become empty digits: the tag is its only view
+        digits = "|".join(rf"(?<={TAG_OPEN}[0-9]{{{n}}}{TAG_CLOSE}){e}{{{width - n}}}[0-9]{{{n}}}" for n in lengths)
+        rules.append(normalizers.Replace(Regex(f"(?:{digits})(?![0-9])"), e * (width - 1)))
+    return normalizers.Sequence(rules)
 
 
 TAG_CONTEXTS = {"countdown": COUNTDOWN_PROMPT_CONTEXT}  # names a recipe can give instead of a regex

@@ -285,6 +285,50 @@ def test_whole_style_tags_are_a_countdown_prompt_numbers_only_view():
     assert tok.decode(tok("3 * 15 + 7", add_special_tokens=False)["input_ids"]) == "3 * 15 + 7"
 
 
+def _tagged_by_rule(text: str, width: int, style: str, max_digits: int, context: str) -> str:
+    """What the tagger's rules must give, written out per number: every padded number ``∅..∅s`` not
+    inside another number or tag, whose n digits fit ``max_digits`` and whose following text ``context``
+    matches, gets its tag ``⟦s⟧`` (before the empty digits, in place of the first, or of them all)."""
+    import re
+
+    from dllm.tokenization import EMPTY_DIGIT as E
+
+    def tag(m: re.Match) -> str:
+        pads, digits = m.group(1), m.group(2)
+        if len(pads) + len(digits) != width or len(digits) > (max_digits or width - 1):
+            return m.group(0)
+        if style == "whole":
+            return f"⟦{digits}⟧" + E * (width - 1)
+        return f"⟦{digits}⟧" + pads[style == "replace":] + digits
+
+    return re.sub(rf"(?<![0-9{E}⟦⟧])({E}+)([0-9]+)(?![0-9])" + (f"(?={context})" if context else ""), tag, text)
+
+
+def test_number_tags_follow_their_rule_on_every_suite_and_on_random_text():
+    """The tagger copies each number into its tag digit by digit (31 rules, not one per number): every
+    style, digit limit and context, on the suites' texts and on random strings of digits, empty digits,
+    words and separators."""
+    import random
+
+    from dllm.tokenization import COUNTDOWN_PROMPT_CONTEXT, EMPTY_DIGIT, TAG_STYLES, _normalizer
+
+    texts = [t for name in suite_names() for ex in get_suite(name).examples("test", 40, seed=5)
+             for t in (ex.prompt, ex.answer)]
+    rng = random.Random(0)
+    alphabet = [*"0123456789" * 3, " ", " ", "a", "target", ":", "/", "+", EMPTY_DIGIT]
+    texts += [" ".join("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4)))
+                       for _ in range(rng.randint(1, 12))) for _ in range(600)]
+    padded = {w: [_normalizer(w).normalize_str(t) for t in texts] for w in (3, 4)}
+    for width in (3, 4):
+        for style in TAG_STYLES:
+            for max_digits in range(width):
+                for context in ("", COUNTDOWN_PROMPT_CONTEXT, " [a-z]"):
+                    norm = _normalizer(width, True, style, max_digits, context)
+                    for text, pad in zip(texts, padded[width]):
+                        assert norm.normalize_str(text) == _tagged_by_rule(pad, width, style, max_digits, context), \
+                            (width, style, max_digits, context, text)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"number_tags": True}, "needs pad_numbers"),
     ({"pad_numbers": 4, "number_tag_context": "countdown"}, "it needs number_tags=True"),
