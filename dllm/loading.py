@@ -65,15 +65,28 @@ def _from_hub_cache(name: str) -> Path | None:
         return None
 
 
+def exported_model_of(run: Path) -> Path | None:
+    """The model folder a training run exported, if it holds a model: the ``export_dir`` of the run's
+    ``config.yaml`` (a relative one as the run was started, from the current folder), else ``run/final``."""
+    import yaml
+
+    try:
+        export_dir = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("export_dir")
+    except (OSError, yaml.YAMLError, AttributeError):  # no config, or not a run's: only the default is known
+        export_dir = None
+    model = Path(export_dir) if export_dir else run / "final"
+    return model if (model / "config.json").is_file() else None
+
+
 def _not_a_model_folder(path: Path) -> str:
     """Why ``path`` (no config.json) is no model folder, and what to load instead when it is a training run's
     folder or one of its checkpoints."""
     run = path.parent.parent if path.parent.name == "checkpoints" else path
     has_checkpoints = any((run / "checkpoints").glob("step-*"))
-    has_final = (run / "final" / "config.json").is_file()
-    if not ((run / "config.yaml").is_file() and (has_checkpoints or has_final)):
+    final = exported_model_of(run) if (run / "config.yaml").is_file() else None
+    if not ((run / "config.yaml").is_file() and (has_checkpoints or final)):
         return f"{path} has no config.json; is this a model directory?"
-    ways = ([f"its exported model is {run / 'final'}"] if has_final else []) + (
+    ways = ([f"its exported model is {final}"] if final else []) + (
         [f"`dllm train export-model {path} OUT` writes a checkpoint's model folder"] if has_checkpoints else [])
     kind = "a checkpoint of a training run" if run != path else "a training run's folder"
     return f"{path} is {kind}, not a model folder: {'; '.join(ways)}"

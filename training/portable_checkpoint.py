@@ -31,6 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dllm.errors import CheckpointError
+from dllm.loading import exported_model_of
 
 from .checkpointing import STEP_RE, TMP_PREFIX, _fsync_dir, checkpoint_root, latest_checkpoint, list_checkpoints
 
@@ -102,8 +103,8 @@ def _source(run_or_checkpoint: Path, step: int | None) -> Path:
     latest = latest_checkpoint(path)
     if latest is None:
         if (path / "config.yaml").is_file():  # a run folder whose checkpoints were removed (or never written)
-            final = path / "final"
-            kept = f"; its exported model is {final}" if (final / "config.json").is_file() else ""
+            final = exported_model_of(path)
+            kept = f"; its exported model is {final}" if final else ""
             raise CheckpointError(f"{path} is a run folder with no checkpoint left (removed, or the run stopped "
                                   f"before its first){kept}")
         raise CheckpointError(f"{path} is neither a run folder with checkpoints nor a checkpoints/step-N folder")

@@ -117,3 +117,19 @@ def test_loading_a_run_folder_says_what_to_load_instead(run, tmp_path):
         load_model(step)
     with pytest.raises(CheckpointError, match="has no config.json; is this a model directory"):
         load_model(tmp_path)  # a folder of nothing in particular
+
+
+def test_a_run_with_its_own_export_dir_names_that_model(run, tmp_path):
+    """A run exported elsewhere (``export_dir``): the hints name that folder, not ``RUN/final``."""
+    from dllm.loading import load_model
+
+    moved = tmp_path / "moved"  # a finished run whose checkpoints were removed, its model in its own folder
+    (moved / "run").mkdir(parents=True)
+    (moved / "models" / "v1").mkdir(parents=True)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    (moved / "run" / "config.yaml").write_text(yaml.safe_dump({**config, "export_dir": str(moved / "models" / "v1")}))
+    (moved / "models" / "v1" / "config.json").write_text((run / "final" / "config.json").read_text())
+    res = CliRunner().invoke(train_app, ["export-model", str(moved / "run"), str(tmp_path / "m")])
+    assert res.exit_code == 2 and f"its exported model is {moved / 'models' / 'v1'}" in res.output.replace("\n", "")
+    with pytest.raises(CheckpointError, match=rf"its exported model is {moved / 'models' / 'v1'}$"):
+        load_model(moved / "run")
