@@ -83,8 +83,9 @@ def _not_a_model_folder(path: Path) -> str:
     folder or one of its checkpoints."""
     run = path.parent.parent if path.parent.name == "checkpoints" else path
     has_checkpoints = any((run / "checkpoints").glob("step-*"))
-    final = exported_model_of(run) if (run / "config.yaml").is_file() else None
-    if not ((run / "config.yaml").is_file() and (has_checkpoints or final)):
+    is_run = (run / "config.yaml").is_file()
+    final = exported_model_of(run) if is_run else None
+    if not (is_run and (has_checkpoints or final)):
         return f"{path} has no config.json; is this a model directory?"
     ways = ([f"its exported model is {final}"] if final else []) + (
         [f"`dllm train export-model {path} OUT` writes a checkpoint's model folder"] if has_checkpoints else [])
