@@ -186,10 +186,9 @@ def _number_tagger(width: int, style: str = "insert", max_digits: int = 0,
     one digit at a time: one rule opens an empty tag ``⟦⟧`` at every number to tag, then a rule per
     digit place j and digit d writes d into every tag holding j digits whose number has d at place j
     (empty matches, so each rule inserts text). That is 1 + 10 * max_digits rules (31 for width 4) in
-    place of one rule per digit string (1,110): a tagged tokenizer normalizes a text about seven times
-    and encodes it about four times faster. Tokenizers built before 2026-12-07 keep the per-string
-    rules in their ``tokenizer.json``; both give the same text wherever the context does not read tags
-    (the countdown context reads them alike)."""
+    place of one rule per digit string (1,110), each rule a pass over the text. Tokenizers built before
+    2026-12-07 keep the per-string rules in their ``tokenizer.json``; both give the same text wherever
+    the context does not read tags (the countdown context reads them alike)."""
     e = EMPTY_DIGIT
     free = rf"(?<![0-9{e}{TAG_OPEN}{TAG_CLOSE}])"
     after = f"(?={context})" if context else ""
