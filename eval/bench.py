@@ -19,6 +19,7 @@ import platform
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -121,7 +122,12 @@ def run_bench(
     seed: int = 0,
     base_overrides: dict | None = None,
     progress: bool = True,
+    on_sample: Callable[[dict], None] | None = None,
 ) -> dict:
+    """Every method on the same held-out problems, batch by batch; returns the report (``summarise``).
+
+    ``on_sample`` gets one dict per problem and method (``sample_record``) as each batch is counted,
+    so what it writes covers the same problems as the report, also after an interrupt."""
     from dllm.decoding.config import GenerationConfigError
     from dllm.text import generate_text
 
@@ -191,6 +197,9 @@ def run_bench(
             pl["total"] += 1
             pl["tokens"] += res.generated_tokens
             pl["forwards"] += res.num_forwards
+            if on_sample is not None:
+                on_sample(sample_record(st.method, ex, res, score, category=cat,
+                                        length_group=length_group[(ex.suite, ex.id)]))
 
     def report() -> dict:
         return summarise(stats, model_name=getattr(model.config, "_name_or_path", "?"), suites=suites, n=n,
@@ -226,6 +235,14 @@ def run_bench(
         if bar is not None:
             bar.stop()
     return report()
+
+
+def sample_record(method: Method, ex: Example, res, score, *, category: str | None, length_group: str) -> dict:
+    """One problem's answer under one method, as ``dllm bench --samples`` writes it (one JSON line)."""
+    return {"method": method.label, "suite": ex.suite, "id": ex.id, "category": category,
+            "length_group": length_group, "prompt": ex.prompt, "reference": ex.answer, "completion": res.text,
+            "correct": bool(score.correct), "reward": float(score.reward), "details": score.details,
+            "generated_tokens": res.generated_tokens, "forwards": res.num_forwards, "meta": ex.meta}
 
 
 def summarise(stats: list[MethodStats], *, model_name: str, suites: str, n: int, seed: int, batch_size: int) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -30,6 +31,9 @@ def bench(
     seed: int = typer.Option(0, "--seed", help="Seed of the held-out sample."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the report here."),
     plot: Path | None = typer.Option(None, "--plot", help="Write an accuracy-vs-TPF Pareto chart (PNG)."),
+    samples: Path | None = typer.Option(None, "--samples",
+                                        help="Write every answer here (JSON Lines: one line per problem and "
+                                             "strategy, with its prompt, reference, completion and score)."),
     no_progress: bool = typer.Option(False, "--no-progress"),
     by_category: bool = typer.Option(False, "--by-category",
                                      help="Also print accuracy per problem category (list op, arith operator and "
@@ -64,7 +68,8 @@ def bench(
         fail("--batch-size must be >= 1")
     if threads < 1:
         fail("--threads must be >= 1")
-    for flag, out, formats in (("--plot", plot, IMAGE_FORMATS), ("--json", json_out, None)):
+    for flag, out, formats in (("--plot", plot, IMAGE_FORMATS), ("--json", json_out, None),
+                               ("--samples", samples, ("jsonl",))):
         try:  # before the run: a report that cannot be written is lost with it
             if out is not None:
                 prepare_output_file(out, formats)
@@ -79,8 +84,18 @@ def bench(
         path = resolve_model_path(model)
         m = load_model(path, dtype=dtype, device=device)
         tok = load_tokenizer_for(path)
-        report = run_bench(m, tok, suites=suite, methods=methods, n=n, batch_size=batch_size,
-                           seed=seed, base_overrides=overrides, progress=not no_progress)
+        with contextlib.ExitStack() as stack:
+            on_sample, sinks = None, []
+            if samples is not None:  # a line per answer as its batch is counted: an interrupt keeps them
+
+                def on_sample(record: dict) -> None:
+                    if not sinks:  # opened with the first answer: a run that fails first leaves no file
+                        sinks.append(stack.enter_context(samples.open("w")))
+                    sinks[0].write(json.dumps(record, default=str) + "\n")
+                    sinks[0].flush()
+
+            report = run_bench(m, tok, suites=suite, methods=methods, n=n, batch_size=batch_size,
+                               seed=seed, base_overrides=overrides, progress=not no_progress, on_sample=on_sample)
     except (BenchSpecError, *USER_ERRORS) as err:
         fail(str(err))
         return
@@ -106,6 +121,8 @@ def bench(
     if plot:
         pareto_plot(report, str(plot))
         typer.echo(f"wrote {plot}")
+    if samples:
+        typer.echo(f"wrote {samples}")
     if "interrupted" in report:
         raise typer.Exit(130)
 

@@ -128,6 +128,40 @@ def test_bench_cli_end_to_end(ckpt, tmp_path):
     assert table and all(line.startswith("lists") and line.count("%") == 2 for line in table if line.strip())
 
 
+def test_samples_hold_every_answer_and_add_up_to_the_report(ckpt, tmp_path):
+    """--samples writes one JSON line per problem and strategy; its verdicts and forwards are the report's."""
+    from dllm.cli import _mount_subcommands, app
+    from dllm.eval.tasks import resolve_suites
+
+    _mount_subcommands()
+    out, lines = tmp_path / "r.json", tmp_path / "answers.jsonl"
+    res = CliRunner().invoke(app, ["bench", "--model", str(ckpt), "--suite", "arith,lists", "--n", "3", "--strategies",
+                                   "vanilla,threshold:threshold=0.5", "--batch-size", "2", "--json", str(out),
+                                   "--samples", str(lines), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert f"wrote {lines}" in res.output
+    rows = [json.loads(line) for line in lines.read_text().splitlines()]
+    report = json.loads(out.read_text())
+    assert len(rows) == 2 * 6
+    examples = {e.id: e for s in resolve_suites("arith,lists") for e in s.examples("test", 3)}
+    for r in report["results"]:
+        mine = [row for row in rows if row["method"] == r["label"]]
+        assert sorted(row["id"] for row in mine) == sorted(examples)
+        assert 100 * sum(row["correct"] for row in mine) / len(mine) == pytest.approx(r["accuracy"])
+        assert sum(row["forwards"] for row in mine) == r["forwards"]
+        assert sum(row["generated_tokens"] for row in mine) == r["generated_tokens"]
+    for row in rows:
+        ex = examples[row["id"]]
+        assert (row["suite"], row["prompt"], row["reference"]) == (ex.suite, ex.prompt, ex.answer)
+        assert row["category"] in report["results"][0]["per_suite"][ex.suite]["categories"]
+        assert row["length_group"] in report["results"][0]["per_suite"][ex.suite]["lengths"]
+        assert isinstance(row["completion"], str) and 0 <= row["reward"] <= 1
+        assert row["correct"] == (row["reward"] == 1.0)
+    r = CliRunner().invoke(app, ["bench", "--model", str(ckpt), "--suite", "arith", "--n", "1", "--strategies",
+                                 "vanilla", "--samples", str(tmp_path / "answers.txt"), "--no-progress"])
+    assert r.exit_code == 2 and "unknown file format '.txt'" in r.output
+
+
 def test_bench_cli_seed_selects_another_held_out_sample(ckpt, tmp_path, monkeypatch):
     """--seed reaches the sampler (it was once accepted and ignored) and is recorded in the JSON."""
     from dllm.cli import _mount_subcommands, app
@@ -255,6 +289,12 @@ def test_ctrl_c_keeps_the_batches_every_strategy_finished(ckpt, tmp_path, monkey
     report = json.loads(out.read_text())
     assert report["interrupted"] == {"examples_done": 1, "examples_planned": 3}
     assert [r["examples"] for r in report["results"]] == [1, 1]  # the same prompts for both
+    # --samples keeps the answers of the same finished batch, and only those
+    _interrupt_on_call(monkeypatch, 4)
+    lines = tmp_path / "partial.jsonl"
+    res = CliRunner().invoke(app, base + ["--samples", str(lines)])
+    assert res.exit_code == 130, res.output
+    assert sorted(json.loads(line)["method"] for line in lines.read_text().splitlines()) == ["d2f", "vanilla"]
     assert all(r["forwards"] > 0 for r in report["results"])
     # nothing finished: a clear line, no report, no traceback
     _interrupt_on_call(monkeypatch, 1)
