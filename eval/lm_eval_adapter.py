@@ -65,12 +65,66 @@ def mc_loglikelihood(model, context: list[int], continuation: list[int], *, mask
     return -sum(losses) / len(losses)
 
 
+def generation_config_from_args(base: DiffusionGenerationConfig, gen_kwargs: dict) -> DiffusionGenerationConfig:
+    """``base`` with the decoding options of ``--model_args``; ValueError names an unknown option, a bad value
+    or an option the strategy does not read."""
+    from dllm.decoding.registry import unread_options_error
+
+    fields = set(DiffusionGenerationConfig.__dataclass_fields__)
+    unknown = sorted(set(gen_kwargs) - fields)
+    if unknown:
+        raise ValueError(f"unknown dllm model_args {unknown}; valid: {sorted(fields | _MODEL_ARGS)}")
+    cfg = base.replace(**gen_kwargs)
+    if (unread := unread_options_error(cfg.strategy, gen_kwargs)) is not None:
+        raise ValueError(f"dllm model_args: {unread}")
+    return cfg
+
+
+def check_model_args(args: dict) -> None:
+    """What ``DLLMEvalModel(**args)`` checks, without loading the weights: the model path, the option names
+    and, where the checkpoint keeps dllm's decoding defaults, the decoding options' values."""
+    from dllm.loading import resolve_model_path
+
+    path = resolve_model_path(str(args.get("pretrained", "tiny")))
+    gen_kwargs = {k: v for k, v in args.items() if k not in _MODEL_ARGS}
+    # a checkpoint without them takes its format's defaults, known once the model is built
+    base = DiffusionGenerationConfig.from_pretrained(path)
+    if base is not None:
+        generation_config_from_args(base, gen_kwargs)
+    elif unknown := sorted(set(gen_kwargs) - set(DiffusionGenerationConfig.__dataclass_fields__)):
+        raise ValueError(f"unknown dllm model_args {unknown}; valid: "
+                         f"{sorted(set(DiffusionGenerationConfig.__dataclass_fields__) | _MODEL_ARGS)}")
+
+
+def _dllm_model_args(argv: list[str]) -> dict | None:
+    """The ``--model_args`` of a command line that runs the ``dllm`` model, read by lm-eval's own parser;
+    None for any other command line, including one lm-eval's parser refuses (it says why when it runs)."""
+    import contextlib
+    import io
+
+    if not any(a in ("--model_args", "-a") or a.startswith("--model_args=") for a in argv) \
+            or any(a in ("-h", "--help") for a in argv):
+        return None
+    from lm_eval.__main__ import HarnessCLI
+
+    saved = sys.argv
+    try:
+        sys.argv = ["lm_eval", *argv]
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            args = HarnessCLI().parse_args()
+    except (Exception, SystemExit):
+        return None
+    finally:
+        sys.argv = saved
+    model_args = getattr(args, "model_args", None)
+    return model_args if getattr(args, "model", None) == "dllm" and isinstance(model_args, dict) else None
+
+
 @register_model("dllm")
 class DLLMEvalModel(LM):
     def __init__(self, pretrained: str = "tiny", batch_size: int | str = 1, mc_num: int = 32, mc_batch_size: int = 16,
                  chat: bool = True, dtype: str | None = None, device: str | None = None, seed: int = 0, **gen_kwargs):
         super().__init__()
-        from dllm.decoding.registry import unread_options_error
         from dllm.loading import load_model, resolve_model_path
         from dllm.text import load_tokenizer_for
 
@@ -80,13 +134,7 @@ class DLLMEvalModel(LM):
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 1
         self.mc_num, self.mc_batch_size, self.seed = int(mc_num), int(mc_batch_size), int(seed)
         self.chat = str(chat).lower() not in ("false", "0", "no")
-        fields = set(DiffusionGenerationConfig.__dataclass_fields__)
-        unknown = sorted(set(gen_kwargs) - fields)
-        if unknown:
-            raise ValueError(f"unknown dllm model_args {unknown}; valid: {sorted(fields | _MODEL_ARGS)}")
-        self.gen_config = self.model.diffusion_generation_config.replace(**gen_kwargs)
-        if (unread := unread_options_error(self.gen_config.strategy, gen_kwargs)) is not None:
-            raise ValueError(f"dllm model_args: {unread}")
+        self.gen_config = generation_config_from_args(self.model.diffusion_generation_config, gen_kwargs)
         from dllm.special_ids import require_mask_token
 
         self.mask_id = require_mask_token(self.model, self.tokenizer)
@@ -171,11 +219,14 @@ class DLLMEvalModel(LM):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """lm-eval's own command line, with the ``dllm`` model registered."""
+    """lm-eval's own command line, with the ``dllm`` model registered. The ``dllm`` model's arguments are
+    checked first: lm-eval indexes every task it knows before it builds the model (about 15 s)."""
     from lm_eval.__main__ import cli_evaluate
 
     if argv is not None:
         sys.argv = ["lm_eval", *argv]
+    if (model_args := _dllm_model_args(sys.argv[1:])) is not None:
+        check_model_args(model_args)
     cli_evaluate()
 
 

@@ -2,6 +2,7 @@
 
 import json
 import math
+import sys
 
 import pytest
 import torch
@@ -79,9 +80,49 @@ def test_model_args_the_strategy_does_not_read_are_refused(ckpt):
     assert DLLMEvalModel(pretrained=str(ckpt[0] / "ckpt"), strategy="vanilla", steps=8).gen_config.steps == 8
 
 
-# Two cases (each lm-eval call indexes every task it knows, ~15 s here): one of ours, one of lm-eval's.
+@pytest.mark.parametrize("model_args,msg", [
+    ("pretrained={ckpt},strategy=warp", "unknown strategy 'warp'"),
+    ("pretrained={ckpt},strategy=vanilla,lopa_branches=2", "strategy 'vanilla' does not read lopa_branches"),
+    ("pretrained={ckpt},no_such_arg=1", "unknown dllm model_args ['no_such_arg']"),
+    ("pretrained={ckpt},threshold=2", "threshold must be in [0, 1], got 2"),
+    ("pretrained=/no/such/model", "neither a bundled name"),
+])
+@pytest.mark.parametrize("form", ["comma", "spaces"])
+def test_dllm_model_args_are_checked_before_lm_eval_starts(ckpt, monkeypatch, model_args, msg, form):
+    """lm-eval indexes every task it knows (about 15 s) before it builds the model: the dllm model's arguments
+    fail first, in either of lm-eval's spellings (``a=1,b=2`` or ``a=1 b=2``)."""
+    import lm_eval.__main__
+    from typer.testing import CliRunner
+
+    from dllm.cli import _mount_subcommands, app
+
+    d, _, _ = ckpt
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", lambda: pytest.fail("lm-eval started"))
+    _mount_subcommands()
+    args = model_args.format(ckpt=f"{d}/ckpt")
+    args = args.split(",") if form == "spaces" else [args]
+    r = CliRunner().invoke(app, ["lm-eval", "--model", "dllm", "--model_args", *args, "--tasks", "dllm_local_gen"])
+    assert r.exit_code == 2, r.output
+    assert msg in r.output and "Traceback" not in r.output
+
+
+def test_valid_model_args_and_other_models_reach_lm_eval(ckpt, monkeypatch):
+    import lm_eval.__main__
+
+    from dllm.eval.lm_eval_adapter import main
+
+    d, _, _ = ckpt
+    calls = []
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", lambda: calls.append(list(sys.argv)))
+    main(["--model", "dllm", "--model_args", f"pretrained={d}/ckpt,strategy=threshold,threshold=0.5,mc_num=2",
+          "--tasks", "t"])
+    main(["--model", "hf", "--model_args", "pretrained=/no/such/model,strategy=warp", "--tasks", "t"])
+    main(["--model", "dllm", "--model_args", "pretrained=tiny", "--no_such_flag"])  # lm-eval's parser says why
+    assert len(calls) == 3
+
+
+# Each lm-eval call indexes every task it knows (~15 s here): one of lm-eval's own errors.
 @pytest.mark.parametrize("model_args,tasks,msg", [
-    ("pretrained={ckpt},strategy=warp", "dllm_local_gen", "unknown strategy 'warp'"),
     ("pretrained={ckpt}", "no_such_task", "Tasks not found"),
 ])
 def test_dllm_lm_eval_user_errors_are_one_line(ckpt, monkeypatch, model_args, tasks, msg):
