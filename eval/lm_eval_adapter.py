@@ -65,15 +65,18 @@ def mc_loglikelihood(model, context: list[int], continuation: list[int], *, mask
     return -sum(losses) / len(losses)
 
 
+def _check_option_names(gen_kwargs: dict) -> None:
+    fields = set(DiffusionGenerationConfig.__dataclass_fields__)
+    if unknown := sorted(set(gen_kwargs) - fields):
+        raise ValueError(f"unknown dllm model_args {unknown}; valid: {sorted(fields | _MODEL_ARGS)}")
+
+
 def generation_config_from_args(base: DiffusionGenerationConfig, gen_kwargs: dict) -> DiffusionGenerationConfig:
     """``base`` with the decoding options of ``--model_args``; ValueError names an unknown option, a bad value
     or an option the strategy does not read."""
     from dllm.decoding.registry import unread_options_error
 
-    fields = set(DiffusionGenerationConfig.__dataclass_fields__)
-    unknown = sorted(set(gen_kwargs) - fields)
-    if unknown:
-        raise ValueError(f"unknown dllm model_args {unknown}; valid: {sorted(fields | _MODEL_ARGS)}")
+    _check_option_names(gen_kwargs)
     cfg = base.replace(**gen_kwargs)
     if (unread := unread_options_error(cfg.strategy, gen_kwargs)) is not None:
         raise ValueError(f"dllm model_args: {unread}")
@@ -87,13 +90,11 @@ def check_model_args(args: dict) -> None:
 
     path = resolve_model_path(str(args.get("pretrained", "tiny")))
     gen_kwargs = {k: v for k, v in args.items() if k not in _MODEL_ARGS}
-    # a checkpoint without them takes its format's defaults, known once the model is built
     base = DiffusionGenerationConfig.from_pretrained(path)
-    if base is not None:
+    if base is None:  # a checkpoint without them takes its format's defaults, known once the model is built
+        _check_option_names(gen_kwargs)
+    else:
         generation_config_from_args(base, gen_kwargs)
-    elif unknown := sorted(set(gen_kwargs) - set(DiffusionGenerationConfig.__dataclass_fields__)):
-        raise ValueError(f"unknown dllm model_args {unknown}; valid: "
-                         f"{sorted(set(DiffusionGenerationConfig.__dataclass_fields__) | _MODEL_ARGS)}")
 
 
 def _dllm_model_args(argv: list[str]) -> dict | None:
