@@ -28,6 +28,7 @@ except ImportError as err:  # the optional extra is missing
 
 from dllm.decoding.config import DiffusionGenerationConfig
 
+DEFAULT_MODEL = "tiny"  # ``pretrained`` when --model_args leaves it out
 _MODEL_ARGS = {"pretrained", "dtype", "device", "batch_size", "mc_num", "mc_batch_size", "chat", "max_length", "seed"}
 
 
@@ -88,7 +89,7 @@ def check_model_args(args: dict) -> None:
     and, where the checkpoint keeps dllm's decoding defaults, the decoding options' values."""
     from dllm.loading import resolve_model_path
 
-    path = resolve_model_path(str(args.get("pretrained", "tiny")))
+    path = resolve_model_path(str(args.get("pretrained", DEFAULT_MODEL)))
     gen_kwargs = {k: v for k, v in args.items() if k not in _MODEL_ARGS}
     base = DiffusionGenerationConfig.from_pretrained(path)
     if base is None:  # a checkpoint without them takes its format's defaults, known once the model is built
@@ -123,7 +124,8 @@ def _dllm_model_args(argv: list[str]) -> dict | None:
 
 @register_model("dllm")
 class DLLMEvalModel(LM):
-    def __init__(self, pretrained: str = "tiny", batch_size: int | str = 1, mc_num: int = 32, mc_batch_size: int = 16,
+    def __init__(self, pretrained: str = DEFAULT_MODEL, batch_size: int | str = 1, mc_num: int = 32,
+                 mc_batch_size: int = 16,
                  chat: bool = True, dtype: str | None = None, device: str | None = None, seed: int = 0, **gen_kwargs):
         super().__init__()
         from dllm.loading import load_model, resolve_model_path

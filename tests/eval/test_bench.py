@@ -289,13 +289,13 @@ def test_ctrl_c_keeps_the_batches_every_strategy_finished(ckpt, tmp_path, monkey
     report = json.loads(out.read_text())
     assert report["interrupted"] == {"examples_done": 1, "examples_planned": 3}
     assert [r["examples"] for r in report["results"]] == [1, 1]  # the same prompts for both
+    assert all(r["forwards"] > 0 for r in report["results"])
     # --samples keeps the answers of the same finished batch, and only those
     _interrupt_on_call(monkeypatch, 4)
     lines = tmp_path / "partial.jsonl"
     res = CliRunner().invoke(app, base + ["--samples", str(lines)])
     assert res.exit_code == 130, res.output
     assert sorted(json.loads(line)["method"] for line in lines.read_text().splitlines()) == ["d2f", "vanilla"]
-    assert all(r["forwards"] > 0 for r in report["results"])
     # nothing finished: a clear line, no report, no traceback
     _interrupt_on_call(monkeypatch, 1)
     out2 = tmp_path / "none.json"
